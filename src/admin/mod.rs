@@ -1,0 +1,130 @@
+//! The admin HTTP server.
+//!
+//! Endpoints:
+//! - `POST /json`: a `RateLimitRequest` in proto3 JSON → the `RateLimitResponse`; 200 OK,
+//!   429 over limit, 400 bad input (with the reason), 503 store unavailable;
+//! - `GET /healthcheck`: 200 `OK` while serving, 500 while draining;
+//! - `GET /ready`: 200 once the policy is loaded and until draining starts, else 503;
+//! - `GET /rlconfig`: the loaded rules, sorted, then `#` lines on the config and the store.
+
+pub mod json;
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+use crate::health::Health;
+use crate::limiter::Limiter;
+use crate::rls::RlsService;
+
+/// Where the policy in force came from, for `/rlconfig`.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigInfo {
+    /// The config directory.
+    pub directory: String,
+    /// Files loaded, relative to the directory.
+    pub files: Vec<String>,
+}
+
+/// What the admin handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The gRPC service, whose request path `/json` reuses.
+    pub rls: RlsService,
+    /// The limiter, for the policy and store status.
+    pub limiter: Arc<Limiter>,
+    /// Serving state.
+    pub health: Arc<Health>,
+    /// The loaded config's origin.
+    pub config: Arc<ConfigInfo>,
+}
+
+/// The admin router.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/json", post(json_check))
+        .route("/healthcheck", get(healthcheck))
+        .route("/ready", get(ready))
+        .route("/rlconfig", get(rlconfig))
+        .with_state(state)
+}
+
+async fn json_check(State(state): State<AdminState>, body: Bytes) -> Response {
+    let request = match serde_json::from_slice::<json::JsonRequest>(&body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(format!("invalid RateLimitRequest JSON: {e}")),
+    };
+    let request = match request.into_proto() {
+        Ok(request) => request,
+        Err(e) => return bad_request(format!("invalid RateLimitRequest JSON: {e}")),
+    };
+    match state.rls.answer(request).await {
+        Ok(response) => {
+            let status = if response.overall_code == Code::OverLimit as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(json::response_to_json(&response))).into_response()
+        }
+        Err(status) => {
+            let code = match status.code() {
+                tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+                tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (code, format!("{}\n", status.message())).into_response()
+        }
+    }
+}
+
+fn bad_request(message: String) -> Response {
+    (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
+}
+
+async fn healthcheck(State(state): State<AdminState>) -> Response {
+    if state.health.is_serving() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        (StatusCode::INTERNAL_SERVER_ERROR, "draining").into_response()
+    }
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    if state.health.is_serving() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+async fn rlconfig(State(state): State<AdminState>) -> Response {
+    let policy = state.limiter.policy();
+    let mut out = policy.dump();
+    let config = &state.config;
+    let _ = writeln!(
+        out,
+        "# config: {} domains from {} files in {}: {}",
+        policy.domain_count(),
+        config.files.len(),
+        config.directory,
+        config.files.join(", ")
+    );
+    let store = state.limiter.store().status();
+    let _ = write!(out, "# store: {}", store.kind);
+    if let (Some(tracked), Some(max)) = (store.tracked_keys, store.max_keys) {
+        let _ = write!(out, ", {tracked} keys tracked of at most {max}");
+    }
+    let _ = writeln!(out, ", {} live keys evicted", store.evicted_keys);
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! Bootstrap: settings → config → store → limiter → servers, and the ordered shutdown.
+//!
+//! Everything that can be wrong with the settings or the config is found by [`prepare`],
+//! before any port is bound; [`Prepared::serve`] takes already-bound listeners, so tests
+//! bind `127.0.0.1:0`.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+
+use crate::admin::{self, AdminState, ConfigInfo};
+use crate::clock::SystemClock;
+use crate::config::{self, ConfigError, LoadOptions};
+use crate::health::Health;
+use crate::limiter::Limiter;
+use crate::rls::RlsService;
+use crate::settings::{Backend, Settings};
+use crate::shutdown::Drain;
+use crate::store::{MemoryStore, Store};
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The config directory has errors; every one is listed.
+    #[error("invalid rate limit config ({} errors)", .0.len())]
+    Config(Vec<ConfigError>),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A server failed while running.
+    #[error("server error: {0}")]
+    Serve(String),
+}
+
+/// The bound sockets of a server.
+pub struct Listeners {
+    /// gRPC.
+    pub grpc: TcpListener,
+    /// Admin HTTP.
+    pub http: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the addresses of `settings`.
+    pub async fn bind(settings: &Settings) -> Result<Self, AppError> {
+        let bind = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| AppError::Bind { addr, source })
+        };
+        Ok(Self {
+            grpc: bind(settings.grpc_addr).await?,
+            http: bind(settings.http_addr).await?,
+        })
+    }
+}
+
+/// A service ready to serve: config loaded, store and limiter built.
+pub struct Prepared {
+    settings: Settings,
+    limiter: Arc<Limiter>,
+    config: Arc<ConfigInfo>,
+}
+
+/// Loads and validates the config and builds the store and limiter; binds nothing.
+pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
+    let options = LoadOptions {
+        merge_domains: settings.merge_domains,
+    };
+    let loaded = config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
+    let store: Arc<dyn Store> = match settings.backend {
+        Backend::Memory => {
+            if settings.kubernetes {
+                tracing::warn!(
+                    "memory store under Kubernetes: each replica counts on its own, so N replicas admit up to N times every limit; use a shared store for fleet-wide limits"
+                );
+            }
+            Arc::new(MemoryStore::new(settings.memory, Arc::new(SystemClock)))
+        }
+        Backend::Redis => {
+            return Err(AppError::Serve(
+                "the redis backend is not available in this version".into(),
+            ));
+        }
+    };
+    tracing::info!(
+        directory = %settings.config_dir.display(),
+        files = loaded.files.len(),
+        domains = loaded.policy.domain_count(),
+        store = store.status().kind,
+        "rate limit config loaded"
+    );
+    let config = Arc::new(ConfigInfo {
+        directory: settings.config_dir.display().to_string(),
+        files: loaded.files,
+    });
+    let limiter = Arc::new(Limiter::new(
+        Arc::new(loaded.policy),
+        store,
+        settings.limiter,
+    ));
+    Ok(Prepared {
+        settings,
+        limiter,
+        config,
+    })
+}
+
+impl Prepared {
+    /// The limiter, e.g. for tests that inspect the policy.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// Serves gRPC and HTTP on `listeners` until `shutdown` resolves, then drains: health
+    /// NOT_SERVING, stop accepting, let in-flight requests finish within the grace period.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AppError> {
+        let health = Arc::new(Health::default());
+        let drain = Drain::new();
+        let rls = RlsService::new(self.limiter.clone());
+
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let grpc_addr = listeners.grpc.local_addr().ok();
+        let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+        let grpc = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(rls.clone().into_server())
+            .serve_with_incoming_shutdown(incoming, drain.started());
+
+        let http_addr = listeners.http.local_addr().ok();
+        let router = admin::router(AdminState {
+            rls,
+            limiter: self.limiter.clone(),
+            health: health.clone(),
+            config: self.config.clone(),
+        });
+        let http = axum::serve(listeners.http, router).with_graceful_shutdown(drain.started());
+
+        let mut grpc = tokio::spawn(grpc);
+        let mut http = tokio::spawn(async move { http.await });
+        reporter
+            .set_service_status("", ServingStatus::Serving)
+            .await;
+        reporter
+            .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
+            .await;
+        health.set_serving(true);
+        tracing::info!(grpc = ?grpc_addr, http = ?http_addr, "serving");
+
+        tokio::select! {
+            _ = shutdown => {}
+            result = &mut grpc => return Err(AppError::Serve(format!("gRPC server stopped: {result:?}"))),
+            result = &mut http => return Err(AppError::Serve(format!("HTTP server stopped: {result:?}"))),
+        }
+
+        tracing::info!(grace = ?self.settings.shutdown_grace, "draining");
+        health.set_serving(false);
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        reporter
+            .set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
+            .await;
+        drain.start();
+        let drained = tokio::time::timeout(self.settings.shutdown_grace, async {
+            let _ = grpc.await;
+            let _ = http.await;
+        })
+        .await;
+        match drained {
+            Ok(()) => tracing::info!("drained; exiting"),
+            Err(_) => tracing::warn!("grace period over with requests still in flight; exiting"),
+        }
+        Ok(())
+    }
+}

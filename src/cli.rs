@@ -1,0 +1,46 @@
+//! The command line: `sluice serve | validate | check | bench`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::settings::ServeArgs;
+use crate::tools::bench::BenchArgs;
+use crate::tools::check::CheckArgs;
+
+/// Sluice: a global rate limit service for Envoy.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the RateLimitService (gRPC) and the admin HTTP endpoints
+    Serve(ServeArgs),
+    /// Validate a config directory: exit 0 when valid, 1 with every error otherwise
+    Validate {
+        /// The config directory
+        dir: PathBuf,
+        /// Merge files that declare the same domain
+        #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1,
+              default_value = "false", default_missing_value = "true",
+              value_parser = crate::settings::parse_bool)]
+        merge_domain_config: bool,
+    },
+    /// Send one request and print the answer (exit 0 OK, 2 OVER_LIMIT, 1 error)
+    Check(CheckArgs),
+    /// Drive load at a server and print requests/s and latency percentiles
+    Bench(BenchArgs),
+    /// Serve an always-OK RateLimitService: the transport's ceiling for benchmarks
+    #[command(hide = true)]
+    TrivialServer {
+        /// gRPC listen address
+        #[arg(long, default_value = "127.0.0.1:8091")]
+        grpc_addr: std::net::SocketAddr,
+    },
+}

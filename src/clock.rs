@@ -1,0 +1,55 @@
+//! Time, injected: the system clock in production, a manual clock in tests.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::algorithm::Micros;
+
+/// A source of wall-clock time in microseconds since the Unix epoch.
+///
+/// Wall-clock (not monotonic) time, because windows are aligned to the epoch and, with a
+/// shared store, every instance must agree on which window it is.
+pub trait Clock: Send + Sync + 'static {
+    /// Microseconds since the Unix epoch.
+    fn now(&self) -> Micros;
+}
+
+/// The operating system's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Micros {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as Micros)
+            .unwrap_or(0)
+    }
+}
+
+/// A clock that only moves when told to; for tests.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    /// A clock reading `now`.
+    pub fn new(now: Micros) -> Self {
+        Self(AtomicU64::new(now))
+    }
+
+    /// Moves the clock forward by `by` microseconds.
+    pub fn advance(&self, by: Micros) {
+        self.0.fetch_add(by, Ordering::SeqCst);
+    }
+
+    /// Sets the clock to `now` (which may step backwards).
+    pub fn set(&self, now: Micros) {
+        self.0.store(now, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Micros {
+        self.0.load(Ordering::SeqCst)
+    }
+}

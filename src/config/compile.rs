@@ -1,0 +1,226 @@
+//! Raw config files → [`Policy`], with every semantic check of DESIGN §2. All errors of a
+//! load are collected; the policy is only returned when there are none.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use super::raw::{RawDescriptor, RawFile, RawRateLimit};
+use super::{ConfigError, LoadOptions};
+use crate::algorithm::Algorithm;
+use crate::policy::{
+    Children, Domain, KeyGroup, Node, Pattern, Policy, RateLimit, Rule, RuleLimit,
+};
+
+/// Compiles parsed files, in order, into one policy.
+pub fn compile(
+    files: &[(&str, RawFile)],
+    options: LoadOptions,
+) -> Result<Policy, Vec<ConfigError>> {
+    let mut domains: HashMap<String, (Domain, &str)> = HashMap::new();
+    let mut errors = Vec::new();
+    for (file, raw) in files {
+        let name = raw.domain.as_deref().unwrap_or_default();
+        if name.is_empty() {
+            errors.push(ConfigError::file(
+                file,
+                "config file cannot have empty domain",
+            ));
+            continue;
+        }
+        let domain = match domains.entry(name.to_owned()) {
+            Entry::Occupied(existing) if !options.merge_domains => {
+                errors.push(ConfigError::at_path(
+                    file,
+                    "domain",
+                    format!(
+                        "duplicate domain '{name}' in config file (also declared in {}; set MERGE_DOMAIN_CONFIG=true to merge)",
+                        existing.get().1
+                    ),
+                ));
+                continue;
+            }
+            Entry::Occupied(existing) => &mut existing.into_mut().0,
+            Entry::Vacant(slot) => &mut slot.insert((Domain::default(), file)).0,
+        };
+        let mut cx = Cx {
+            file,
+            errors: &mut errors,
+            shared: Vec::new(),
+        };
+        let descriptors = raw.descriptors.as_deref().unwrap_or_default();
+        cx.level(&mut domain.children, descriptors, "descriptors", name);
+    }
+    if errors.is_empty() {
+        Ok(Policy::new(
+            domains
+                .into_iter()
+                .map(|(name, (d, _))| (name, d))
+                .collect(),
+        ))
+    } else {
+        Err(errors)
+    }
+}
+
+/// Compilation context for one file.
+struct Cx<'a> {
+    file: &'a str,
+    errors: &'a mut Vec<ConfigError>,
+    /// `share_threshold` patterns of the levels above the current one.
+    shared: Vec<Option<String>>,
+}
+
+impl Cx<'_> {
+    fn error(&mut self, path: &str, message: impl Into<String>) {
+        self.errors
+            .push(ConfigError::at_path(self.file, path, message));
+    }
+
+    /// Compiles the descriptors of one level into `children`.
+    fn level(
+        &mut self,
+        children: &mut Children,
+        descriptors: &[RawDescriptor],
+        path: &str,
+        parent_key: &str,
+    ) {
+        for (i, raw) in descriptors.iter().enumerate() {
+            let path = format!("{path}[{i}]");
+            let key = raw.key.as_deref().unwrap_or_default();
+            if key.is_empty() {
+                self.error(&path, "descriptor has empty key");
+                continue;
+            }
+            let value = raw.value.as_deref().filter(|v| !v.is_empty());
+            let composite = match value {
+                Some(value) => format!("{key}_{value}"),
+                None => key.to_owned(),
+            };
+            let stats_key = format!("{parent_key}.{composite}");
+            let pattern = value.and_then(Pattern::new);
+            if raw.share_threshold && pattern.is_none() {
+                self.error(
+                    &format!("{path}.share_threshold"),
+                    format!(
+                        "share_threshold requires a wildcard value containing '*', got {}",
+                        value.map_or("no value".to_owned(), |v| format!("'{v}'"))
+                    ),
+                );
+            }
+            let group = children.by_key.entry(key.to_owned()).or_default();
+            if is_taken(group, value, pattern.as_ref()) {
+                self.error(
+                    &path,
+                    format!("duplicate descriptor composite key '{stats_key}'"),
+                );
+                continue;
+            }
+
+            self.shared.push(
+                pattern
+                    .as_ref()
+                    .filter(|_| raw.share_threshold)
+                    .map(|p| p.as_str().to_owned()),
+            );
+            let mut node = Node {
+                rule: raw
+                    .rate_limit
+                    .as_ref()
+                    .and_then(|rl| self.rule(rl, raw, &format!("{path}.rate_limit"), &stats_key)),
+                children: Children::default(),
+            };
+            let nested = raw.descriptors.as_deref().unwrap_or_default();
+            self.level(
+                &mut node.children,
+                nested,
+                &format!("{path}.descriptors"),
+                &stats_key,
+            );
+            self.shared.pop();
+
+            match (value, pattern) {
+                (_, Some(pattern)) => group.wildcards.push((pattern, node)),
+                (Some(value), None) => {
+                    group.exact.insert(value.to_owned(), node);
+                }
+                (None, None) => group.any = Some(Box::new(node)),
+            }
+        }
+    }
+
+    /// Compiles a `rate_limit:`; `None` (with errors recorded) when it is invalid.
+    fn rule(
+        &mut self,
+        raw: &RawRateLimit,
+        descriptor: &RawDescriptor,
+        path: &str,
+        stats_key: &str,
+    ) -> Option<Rule> {
+        let errors_before = self.errors.len();
+        let unit = raw.unit.as_deref().unwrap_or_default();
+        let name = raw.name.as_deref().filter(|n| !n.is_empty());
+
+        let limit = if raw.unlimited {
+            if !unit.is_empty() {
+                self.error(path, "should not specify rate limit unit when unlimited");
+            }
+            RuleLimit::Unlimited
+        } else {
+            let parsed = unit.parse().ok();
+            if parsed.is_none() {
+                self.error(
+                    &format!("{path}.unit"),
+                    format!("invalid rate limit unit '{unit}'"),
+                );
+            }
+            if raw.requests_per_unit.is_none() {
+                self.error(
+                    path,
+                    "rate limit has no requests_per_unit (use 0 to reject everything, or unlimited: true)",
+                );
+            }
+            match (parsed, raw.requests_per_unit) {
+                (Some(unit), Some(requests_per_unit)) => RuleLimit::Limited(RateLimit {
+                    requests_per_unit,
+                    unit,
+                    algorithm: Algorithm::FixedWindow,
+                }),
+                _ => return None,
+            }
+        };
+
+        let mut replaces = Vec::new();
+        for (i, entry) in raw.replaces.iter().flatten().enumerate() {
+            let entry_path = format!("{path}.replaces[{i}]");
+            match entry.name.as_deref().filter(|n| !n.is_empty()) {
+                None => self.error(&entry_path, "should not have an empty replaces entry"),
+                Some(n) if Some(n) == name => self.error(
+                    &entry_path,
+                    "replaces should not contain name of same descriptor",
+                ),
+                Some(n) => replaces.push(n.to_owned()),
+            }
+        }
+
+        (self.errors.len() == errors_before).then(|| Rule {
+            stats_key: stats_key.to_owned(),
+            limit,
+            name: name.map(str::to_owned),
+            replaces,
+            shadow_mode: descriptor.shadow_mode,
+            quota_mode: descriptor.quota_mode,
+            detailed_metric: descriptor.detailed_metric,
+            value_to_metric: descriptor.value_to_metric,
+            shared: self.shared.clone(),
+        })
+    }
+}
+
+/// Whether a sibling with the same key already claims `value` (or "any value").
+fn is_taken(group: &KeyGroup, value: Option<&str>, pattern: Option<&Pattern>) -> bool {
+    match (value, pattern) {
+        (_, Some(p)) => group.wildcards.iter().any(|(q, _)| q == p),
+        (Some(v), None) => group.exact.contains_key(v),
+        (None, None) => group.any.is_some(),
+    }
+}

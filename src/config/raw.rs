@@ -1,0 +1,182 @@
+//! The config files as written: serde structs in the reference format, plus the walk that
+//! finds every unknown key of a file (serde stops at the first).
+
+use serde::Deserialize;
+use serde_yaml::Value;
+
+/// One config file: one domain.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawFile {
+    /// The domain Envoy sends in `RateLimitRequest.domain`.
+    #[serde(default)]
+    pub domain: Option<String>,
+    /// Top-level descriptors.
+    #[serde(default)]
+    pub descriptors: Option<Vec<RawDescriptor>>,
+}
+
+/// One descriptor node.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDescriptor {
+    /// Entry key to match.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Entry value to match; absent for "any value", `*` wildcards allowed.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// The limit for descriptors ending at this node.
+    #[serde(default)]
+    pub rate_limit: Option<RawRateLimit>,
+    /// Next level.
+    #[serde(default)]
+    pub descriptors: Option<Vec<RawDescriptor>>,
+    /// Count and report, never reject.
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// Over the limit only when every quota descriptor of a request is.
+    #[serde(default)]
+    pub quota_mode: bool,
+    /// Metrics per runtime value.
+    #[serde(default)]
+    pub detailed_metric: bool,
+    /// Runtime values of wildcard/key-only entries in metric names.
+    #[serde(default)]
+    pub value_to_metric: bool,
+    /// A wildcard value whose matches all share one counter.
+    #[serde(default)]
+    pub share_threshold: bool,
+    /// Free-form operator metadata; kept out of matching, accepted for compatibility.
+    #[serde(default)]
+    pub metadata: Option<Value>,
+}
+
+/// `rate_limit:` of a descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateLimit {
+    /// second | minute | hour | day | week | month | year, any case.
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// Hits per unit.
+    #[serde(default)]
+    pub requests_per_unit: Option<u32>,
+    /// No limit at all.
+    #[serde(default)]
+    pub unlimited: bool,
+    /// Name reported in `current_limit.name` and referenced by `replaces`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Names of limits this one replaces.
+    #[serde(default)]
+    pub replaces: Option<Vec<RawReplaces>>,
+}
+
+/// One `replaces:` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReplaces {
+    /// The replaced limit's `name`.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+const FILE_KEYS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "quota_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+const RATE_LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
+const REPLACES_KEYS: &[&str] = &["name"];
+
+/// An unknown key found by [`unknown_keys`]: the tree path of the mapping holding it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UnknownKey {
+    /// Path of the mapping, e.g. `descriptors[0].rate_limit`.
+    pub path: String,
+    /// The key as written (non-string keys rendered as YAML).
+    pub key: String,
+}
+
+/// Every key of `root` that the schema does not know, in document order.
+pub fn unknown_keys(root: &Value) -> Vec<UnknownKey> {
+    let mut found = Vec::new();
+    check_mapping(root, "", FILE_KEYS, &mut found);
+    found
+}
+
+fn check_mapping(value: &Value, path: &str, known: &[&str], found: &mut Vec<UnknownKey>) {
+    let Value::Mapping(map) = value else { return };
+    for (key, child) in map {
+        let name = match key {
+            Value::String(s) => s.clone(),
+            other => serde_yaml::to_string(other)
+                .map(|s| s.trim_end().to_owned())
+                .unwrap_or_default(),
+        };
+        if !known.contains(&name.as_str()) {
+            found.push(UnknownKey {
+                path: path.to_owned(),
+                key: name,
+            });
+            continue;
+        }
+        let child_path = join(path, &name);
+        match name.as_str() {
+            "descriptors" => check_list(child, &child_path, DESCRIPTOR_KEYS, found),
+            "rate_limit" => check_mapping(child, &child_path, RATE_LIMIT_KEYS, found),
+            "replaces" => check_list(child, &child_path, REPLACES_KEYS, found),
+            _ => {}
+        }
+    }
+}
+
+fn check_list(value: &Value, path: &str, known: &[&str], found: &mut Vec<UnknownKey>) {
+    let Value::Sequence(items) = value else {
+        return;
+    };
+    for (i, item) in items.iter().enumerate() {
+        check_mapping(item, &format!("{path}[{i}]"), known, found);
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_every_unknown_key_with_its_path() {
+        let yaml = "domain: d\nfoo: 1\ndescriptors:\n  - key: a\n    rate_limit: {unti: second, requests_per_unit: 1}\n    descriptors:\n      - key: b\n        shadowmode: true\n";
+        let root: Value = serde_yaml::from_str(yaml).unwrap();
+        let found = unknown_keys(&root);
+        let found: Vec<_> = found
+            .iter()
+            .map(|u| (u.path.as_str(), u.key.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("", "foo"),
+                ("descriptors[0].rate_limit", "unti"),
+                ("descriptors[0].descriptors[0]", "shadowmode")
+            ]
+        );
+    }
+}

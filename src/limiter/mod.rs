@@ -1,0 +1,293 @@
+//! One rate limit request, end to end: match each descriptor to a rule, apply `replaces`,
+//! send every counter to the store in one batch, and build the statuses and overall code.
+
+mod types;
+
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+
+pub use types::{
+    Code, Descriptor, DescriptorStatus, Entry, LimitOverride, ReportedLimit, Request, Response,
+};
+
+use crate::algorithm::Algorithm;
+use crate::policy::{EntryRef, Policy, RateLimit, Rule, RuleLimit};
+use crate::store::{Batch, CounterKey, CounterOp, Role, Store, StoreError};
+
+/// `limit_remaining` reported for `unlimited` rules, as the reference service does.
+pub const UNLIMITED_REMAINING: u32 = u32::MAX;
+
+/// Process-wide switches of the limiter.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LimiterOptions {
+    /// `SHADOW_MODE`: never answer OVER_LIMIT overall; statuses still tell the truth.
+    pub shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is a quota descriptor.
+    pub quota_mode: bool,
+}
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// The request itself is malformed.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The rate limiter: the current policy plus a store.
+pub struct Limiter {
+    policy: RwLock<Arc<Policy>>,
+    store: Arc<dyn Store>,
+    options: LimiterOptions,
+}
+
+/// What one descriptor resolved to.
+enum Plan<'p> {
+    /// Unknown domain, no matching rule, or a whitelisted node.
+    NoLimit,
+    /// `unlimited: true`.
+    Unlimited,
+    /// A counted limit: a configured rule, or (rule `None`) a request override.
+    Counted {
+        rule: Option<&'p Rule>,
+        limit: RateLimit,
+    },
+}
+
+impl Limiter {
+    /// A limiter over `policy`, counting in `store`.
+    pub fn new(policy: Arc<Policy>, store: Arc<dyn Store>, options: LimiterOptions) -> Self {
+        Self {
+            policy: RwLock::new(policy),
+            store,
+            options,
+        }
+    }
+
+    /// The policy currently in force.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Replaces the policy as a whole; requests in flight finish on the old one.
+    pub fn set_policy(&self, policy: Arc<Policy>) {
+        *self
+            .policy
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = policy;
+    }
+
+    /// The store counters live in.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Answers one request.
+    pub async fn check(&self, request: &Request) -> Result<Response, LimitError> {
+        validate(request)?;
+        let policy = self.policy();
+        let plans = plan(&policy, request);
+
+        let mut batch = Batch {
+            ops: Vec::with_capacity(plans.len()),
+            always_admit: self.options.shadow_mode,
+        };
+        for (descriptor, plan) in request.descriptors.iter().zip(&plans) {
+            if let Plan::Counted { rule, limit } = plan {
+                batch
+                    .ops
+                    .push(self.counter_op(&request.domain, descriptor, *rule, limit));
+            }
+        }
+        let applied = if batch.ops.is_empty() {
+            None
+        } else {
+            Some(self.store.apply(&batch).await?)
+        };
+
+        let mut decisions = applied
+            .iter()
+            .flat_map(|a| a.decisions.iter().zip(&batch.ops));
+        let admitted = applied.as_ref().is_none_or(|a| a.admitted);
+        let statuses = request
+            .descriptors
+            .iter()
+            .zip(&plans)
+            .map(|(descriptor, plan)| match plan {
+                Plan::NoLimit => DescriptorStatus {
+                    code: Code::Ok,
+                    limit: None,
+                    remaining: 0,
+                    reset_after: None,
+                },
+                Plan::Unlimited => DescriptorStatus {
+                    code: Code::Ok,
+                    limit: None,
+                    remaining: UNLIMITED_REMAINING,
+                    reset_after: None,
+                },
+                Plan::Counted { rule, limit } => {
+                    let (decision, op) = decisions
+                        .next()
+                        .expect("one decision per counted descriptor");
+                    let over = !decision.allowed && op.role != Role::Shadow;
+                    // Hits of an allowed descriptor in a rejected request were not charged.
+                    let uncharged = if admitted {
+                        0
+                    } else {
+                        descriptor.hits.max(0) as u64
+                    };
+                    DescriptorStatus {
+                        code: if over { Code::OverLimit } else { Code::Ok },
+                        limit: Some(ReportedLimit {
+                            requests_per_unit: limit.requests_per_unit,
+                            unit: limit.unit,
+                            name: rule.and_then(|r| r.name.clone()),
+                        }),
+                        remaining: clamp_u32(
+                            decision
+                                .remaining
+                                .saturating_add(if decision.allowed { uncharged } else { 0 })
+                                .min(u64::from(limit.requests_per_unit)),
+                        ),
+                        reset_after: Some(if over {
+                            decision.retry_after.unwrap_or(decision.reset_after)
+                        } else {
+                            decision.reset_after
+                        }),
+                    }
+                }
+            })
+            .collect();
+
+        Ok(Response {
+            code: if admitted { Code::Ok } else { Code::OverLimit },
+            statuses,
+        })
+    }
+
+    fn counter_op(
+        &self,
+        domain: &str,
+        descriptor: &Descriptor,
+        rule: Option<&Rule>,
+        limit: &RateLimit,
+    ) -> CounterOp {
+        let algorithm_limit = limit.algorithm_limit();
+        // `share_threshold` levels count under their pattern, so all matching values share
+        // one counter; every other level counts per runtime value.
+        let entries = descriptor.entries.iter().enumerate().map(|(depth, entry)| {
+            let shared = rule
+                .and_then(|r| r.shared.get(depth))
+                .and_then(Option::as_deref);
+            (entry.key.as_str(), shared.unwrap_or(entry.value.as_str()))
+        });
+        let role = match rule {
+            Some(r) if r.shadow_mode => Role::Shadow,
+            Some(r) if r.quota_mode || self.options.quota_mode => Role::Quota,
+            _ => Role::Enforce,
+        };
+        CounterOp {
+            key: CounterKey::new(domain, entries, &algorithm_limit),
+            limit: algorithm_limit,
+            hits: descriptor.hits,
+            role,
+        }
+    }
+}
+
+fn validate(request: &Request) -> Result<(), LimitError> {
+    if request.domain.is_empty() {
+        return Err(LimitError::InvalidRequest(
+            "rate limit domain must not be empty".into(),
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(LimitError::InvalidRequest(
+            "rate limit descriptor list must not be empty".into(),
+        ));
+    }
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.is_empty() {
+            return Err(LimitError::InvalidRequest(format!(
+                "rate limit descriptor {i} has no entries"
+            )));
+        }
+        if descriptor.limit.is_some_and(|l| l.requests_per_unit == 0) {
+            return Err(LimitError::InvalidRequest(format!(
+                "rate limit descriptor {i}: limit override must have requests_per_unit > 0"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Resolves every descriptor to a plan, then drops the limits replaced by another matched
+/// limit of the same request.
+fn plan<'p>(policy: &'p Policy, request: &Request) -> Vec<Plan<'p>> {
+    let Some(domain) = policy.domain(&request.domain) else {
+        return request.descriptors.iter().map(|_| Plan::NoLimit).collect();
+    };
+    let mut replaced: HashSet<&'p str> = HashSet::new();
+    let mut plans: Vec<Plan<'p>> = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            if let Some(o) = descriptor.limit {
+                return Plan::Counted {
+                    rule: None,
+                    limit: RateLimit {
+                        requests_per_unit: o.requests_per_unit,
+                        unit: o.unit,
+                        algorithm: Algorithm::FixedWindow,
+                    },
+                };
+            }
+            let Some(rule) = domain.find(&descriptor.entries) else {
+                return Plan::NoLimit;
+            };
+            replaced.extend(rule.replaces.iter().map(String::as_str));
+            match rule.limit {
+                RuleLimit::Unlimited => Plan::Unlimited,
+                RuleLimit::Limited(limit) => Plan::Counted {
+                    rule: Some(rule),
+                    limit,
+                },
+            }
+        })
+        .collect();
+    if !replaced.is_empty() {
+        for plan in &mut plans {
+            if let Plan::Counted {
+                rule: Some(rule), ..
+            } = plan
+                && rule.name.as_deref().is_some_and(|n| replaced.contains(n))
+            {
+                *plan = Plan::NoLimit;
+            }
+        }
+    }
+    plans
+}
+
+fn clamp_u32(n: u64) -> u32 {
+    n.min(u64::from(u32::MAX)) as u32
+}
+
+impl EntryRef for Entry {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,100 @@
+//! The limiter's own request and response types: what Envoy asks and what Sluice answers,
+//! without the proto (which only `rls` and `admin` know).
+
+use crate::algorithm::Micros;
+use crate::policy::Unit;
+
+/// A rate limit request: a domain and its descriptors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The domain, naming one config file's tree.
+    pub domain: String,
+    /// The descriptors, each answered with one status, in order.
+    pub descriptors: Vec<Descriptor>,
+}
+
+/// One descriptor: entries to match, and how many hits it costs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptor {
+    /// `(key, value)` entries, matched level by level.
+    pub entries: Vec<Entry>,
+    /// A limit sent by Envoy that replaces the configured one.
+    pub limit: Option<LimitOverride>,
+    /// Hits to charge: 0 checks without charging, negative refunds (`is_negative_hits`).
+    pub hits: i64,
+}
+
+/// One descriptor entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The entry's key, e.g. `remote_address`.
+    pub key: String,
+    /// The entry's runtime value, e.g. `10.0.0.7`.
+    pub value: String,
+}
+
+/// A per-descriptor limit from the request (Envoy's `limit` override).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Hits per unit; never 0 (rejected as a bad request).
+    pub requests_per_unit: u32,
+    /// The unit.
+    pub unit: Unit,
+}
+
+/// OK or over the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Within the limit (or not limited).
+    Ok,
+    /// Over the limit.
+    OverLimit,
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The overall answer; never unknown.
+    pub code: Code,
+    /// One status per request descriptor, in request order.
+    pub statuses: Vec<DescriptorStatus>,
+}
+
+/// The answer for one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorStatus {
+    /// This descriptor's code.
+    pub code: Code,
+    /// The limit that applied, if any.
+    pub limit: Option<ReportedLimit>,
+    /// Hits left before the limit (4294967295 for `unlimited`).
+    pub remaining: u32,
+    /// When over the limit: the time until the hits could pass; otherwise the time until the
+    /// budget is fully restored. `None` when no limit applied.
+    pub reset_after: Option<Micros>,
+}
+
+/// The limit reported in a status (`current_limit`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedLimit {
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// The unit.
+    pub unit: Unit,
+    /// The rule's `name`, if it has one.
+    pub name: Option<String>,
+}
+
+impl Response {
+    /// On OVER_LIMIT: the longest wait among the descriptors over the limit, in microseconds.
+    pub fn retry_after(&self) -> Option<Micros> {
+        if self.code != Code::OverLimit {
+            return None;
+        }
+        self.statuses
+            .iter()
+            .filter(|s| s.code == Code::OverLimit)
+            .filter_map(|s| s.reset_after)
+            .max()
+    }
+}

@@ -1,0 +1,117 @@
+//! The `sluice` binary: parse the command line, set up logging, run, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluice::cli::{Cli, Command};
+use sluice::tools::{ToolError, bench, check, trivial};
+use sluice::{app, config, settings, shutdown};
+
+/// Exit code for bad settings or config (BSD `EX_USAGE`).
+const EX_USAGE: u8 = 64;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("{}", e.to_string().lines().next().unwrap_or_default());
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Validate {
+            dir,
+            merge_domain_config,
+        } => {
+            let options = config::LoadOptions {
+                merge_domains: merge_domain_config,
+            };
+            match config::load_dir(&dir, options) {
+                Ok(_) => {
+                    println!("all rate limit configs ok");
+                    ExitCode::SUCCESS
+                }
+                Err(errors) => {
+                    errors.iter().for_each(|e| eprintln!("{e}"));
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Check(args) => match check::run(args).await {
+            Ok(check::Answer::Ok) => ExitCode::SUCCESS,
+            Ok(check::Answer::OverLimit) => ExitCode::from(2),
+            Err(e) => tool_error(e),
+        },
+        Command::Bench(args) => match bench::run(args).await {
+            Ok(report) => {
+                println!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => tool_error(e),
+        },
+        Command::TrivialServer { grpc_addr } => {
+            let listener = match tokio::net::TcpListener::bind(grpc_addr).await {
+                Ok(l) => l,
+                Err(e) => {
+                    return tool_error(ToolError::Usage(format!(
+                        "cannot listen on {grpc_addr}: {e}"
+                    )));
+                }
+            };
+            match trivial::serve(listener, shutdown::signal()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => tool_error(ToolError::Rpc(e.to_string())),
+            }
+        }
+    }
+}
+
+async fn serve(args: settings::ServeArgs) -> ExitCode {
+    let settings = match args.into_settings() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    sluice::logging::init(&settings.log);
+    let prepared = match app::prepare(settings.clone()) {
+        Ok(p) => p,
+        Err(app::AppError::Config(errors)) => {
+            errors.iter().for_each(|e| eprintln!("{e}"));
+            return ExitCode::from(EX_USAGE);
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let listeners = match app::Listeners::bind(&settings).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    match prepared.serve(listeners, shutdown::signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn tool_error(e: ToolError) -> ExitCode {
+    eprintln!("{e}");
+    match e {
+        ToolError::Usage(_) => ExitCode::from(EX_USAGE),
+        ToolError::Rpc(_) => ExitCode::FAILURE,
+    }
+}

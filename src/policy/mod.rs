@@ -1,0 +1,187 @@
+//! The compiled, immutable rate limit policy: every domain's descriptor tree, indexed for
+//! matching. Built once per config load by [`crate::config`]; the hot path only reads it
+//! through an `Arc<Policy>`.
+
+mod matcher;
+pub use matcher::EntryRef;
+mod pattern;
+mod unit;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+pub use pattern::Pattern;
+pub use unit::Unit;
+
+use crate::algorithm::{self, Algorithm};
+
+/// All loaded domains.
+#[derive(Debug, Default)]
+pub struct Policy {
+    domains: HashMap<String, Domain>,
+}
+
+/// One domain: the top level of its descriptor tree.
+#[derive(Debug, Default)]
+pub struct Domain {
+    pub(crate) children: Children,
+}
+
+/// One level of a descriptor tree: the children of a node, grouped by entry key.
+#[derive(Debug, Default)]
+pub(crate) struct Children {
+    pub(crate) by_key: HashMap<String, KeyGroup>,
+}
+
+/// The children of one node that share an entry key.
+#[derive(Debug, Default)]
+pub(crate) struct KeyGroup {
+    /// Children with an exact `value`.
+    pub(crate) exact: HashMap<String, Node>,
+    /// Children whose `value` contains `*`, in config order (the first match wins).
+    pub(crate) wildcards: Vec<(Pattern, Node)>,
+    /// The child without a `value`: matches any value, one counter per value.
+    pub(crate) any: Option<Box<Node>>,
+}
+
+/// A descriptor node: an optional rule and the next level.
+#[derive(Debug, Default)]
+pub(crate) struct Node {
+    pub(crate) rule: Option<Rule>,
+    pub(crate) children: Children,
+}
+
+/// A matched node's rate limit rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// The reference's stats key, e.g. `domain.key1_value1.key2`; names the rule in
+    /// `/rlconfig`, logs and metrics.
+    pub stats_key: String,
+    /// What is enforced: a counted limit, or nothing at all (`unlimited`).
+    pub limit: RuleLimit,
+    /// `name` of the rate limit, reported in `current_limit.name` and used by `replaces`.
+    pub name: Option<String>,
+    /// Names of other rules that this rule replaces when both match one request.
+    pub replaces: Vec<String>,
+    /// Count and report, never reject.
+    pub shadow_mode: bool,
+    /// Quota mode: the request is only over the limit when every quota descriptor is.
+    pub quota_mode: bool,
+    /// `detailed_metric`: metrics per runtime value (bounded; see the metrics docs).
+    pub detailed_metric: bool,
+    /// `value_to_metric`: include the runtime value of wildcard/key-only entries in metrics.
+    pub value_to_metric: bool,
+    /// Per descriptor level on the path to this rule: the wildcard pattern when that level
+    /// has `share_threshold: true` (all matching values share one counter), else `None`.
+    pub shared: Vec<Option<String>>,
+}
+
+/// The limit a rule enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleLimit {
+    /// `unlimited: true`: always OK, nothing counted.
+    Unlimited,
+    /// A counted limit.
+    Limited(RateLimit),
+}
+
+/// `requests_per_unit` per `unit`, enforced by `algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RateLimit {
+    /// Hits per unit; 0 means always over the limit.
+    pub requests_per_unit: u32,
+    /// The window length.
+    pub unit: Unit,
+    /// The algorithm enforcing it.
+    pub algorithm: Algorithm,
+}
+
+impl RateLimit {
+    /// The algorithm's view of this limit.
+    pub fn algorithm_limit(&self) -> algorithm::Limit {
+        algorithm::Limit {
+            requests: u64::from(self.requests_per_unit),
+            window: self.unit.window(),
+            algorithm: self.algorithm,
+        }
+    }
+}
+
+// === impl Policy ===
+
+impl Policy {
+    /// A policy over the given domains.
+    pub fn new(domains: HashMap<String, Domain>) -> Self {
+        Self { domains }
+    }
+
+    /// The domain called `name`, if loaded.
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// Number of loaded domains.
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// Every rule of every domain, sorted by stats key.
+    pub fn rules(&self) -> Vec<&Rule> {
+        let mut rules = Vec::new();
+        for domain in self.domains.values() {
+            domain.children.collect_rules(&mut rules);
+        }
+        rules.sort_by(|a, b| a.stats_key.cmp(&b.stats_key));
+        rules
+    }
+
+    /// The sorted, human-readable rule listing served at `/rlconfig`, one rule per line in
+    /// the reference service's layout.
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        for rule in self.rules() {
+            let _ = match rule.limit {
+                RuleLimit::Unlimited => writeln!(
+                    out,
+                    "{}: unlimited, shadow_mode: {}",
+                    rule.stats_key, rule.shadow_mode
+                ),
+                RuleLimit::Limited(limit) => writeln!(
+                    out,
+                    "{}: unit={} requests_per_unit={}, algorithm={}, shadow_mode: {}{}{}",
+                    rule.stats_key,
+                    limit.unit.proto_name(),
+                    limit.requests_per_unit,
+                    limit.algorithm.as_str(),
+                    rule.shadow_mode,
+                    if rule.quota_mode {
+                        ", quota_mode: true"
+                    } else {
+                        ""
+                    },
+                    rule.name
+                        .as_deref()
+                        .map(|n| format!(", name: {n}"))
+                        .unwrap_or_default(),
+                ),
+            };
+        }
+        out
+    }
+}
+
+impl Children {
+    fn collect_rules<'a>(&'a self, out: &mut Vec<&'a Rule>) {
+        for group in self.by_key.values() {
+            let nodes = group
+                .exact
+                .values()
+                .chain(group.wildcards.iter().map(|(_, n)| n))
+                .chain(group.any.as_deref());
+            for node in nodes {
+                out.extend(node.rule.as_ref());
+                node.children.collect_rules(out);
+            }
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The Envoy `envoy.service.ratelimit.v3.RateLimitService` over gRPC: decode, ask the
+//! [`Limiter`], encode. This module and [`crate::admin`] are the only ones that know the
+//! proto types.
+//!
+//! Endpoints: `RateLimitService/ShouldRateLimit`.
+
+pub mod convert;
+mod unwind;
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::{Request, Response, Status};
+
+use crate::limiter::{LimitError, Limiter};
+
+pub use unwind::CatchUnwind;
+
+/// The gRPC service, a thin adapter over the [`Limiter`].
+#[derive(Clone)]
+pub struct RlsService {
+    limiter: Arc<Limiter>,
+}
+
+impl RlsService {
+    /// A service answering with `limiter`.
+    pub fn new(limiter: Arc<Limiter>) -> Self {
+        Self { limiter }
+    }
+
+    /// The tonic server wrapping this service.
+    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+
+    /// Answers a decoded request; shared with the `/json` endpoint.
+    pub async fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let request = convert::request_from_proto(request).map_err(Status::invalid_argument)?;
+        // A panic while answering one request is a bug; it must cost that request only.
+        let check = std::pin::pin!(self.limiter.check(&request));
+        let response = CatchUnwind::new(check)
+            .await
+            .map_err(|panic| {
+                tracing::error!(domain = %request.domain, %panic, "panic while answering a request");
+                Status::internal("internal error while answering the request")
+            })?
+            .map_err(status_from_error)?;
+        Ok(convert::response_to_proto(&response))
+    }
+}
+
+/// Maps a limiter error to the gRPC status Envoy acts on: INVALID_ARGUMENT for a bad request,
+/// UNAVAILABLE for a store failure (Envoy's `failure_mode_deny` then decides).
+pub fn status_from_error(error: LimitError) -> Status {
+    match error {
+        LimitError::InvalidRequest(message) => Status::invalid_argument(message),
+        LimitError::Store(e) => {
+            tracing::warn!(error = %e, "store failure");
+            Status::unavailable(e.to_string())
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.answer(request.into_inner()).await.map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests;

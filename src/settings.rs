@@ -1,0 +1,394 @@
+//! Every process setting of `sluice serve`, from flags and environment variables (the
+//! reference service's names where it has one; a flag wins over its variable), with defaults
+//! and validation. Tests build [`Settings`] values directly.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::limiter::LimiterOptions;
+use crate::store::memory::MemoryOptions;
+
+/// Validated settings of a serving process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Directory of YAML domain configs.
+    pub config_dir: PathBuf,
+    /// gRPC listen address.
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP listen address.
+    pub http_addr: SocketAddr,
+    /// Where counters live.
+    pub backend: Backend,
+    /// Global shadow and quota mode.
+    pub limiter: LimiterOptions,
+    /// Merge files declaring the same domain.
+    pub merge_domains: bool,
+    /// In-memory store limits.
+    pub memory: MemoryOptions,
+    /// Fraction of a limit from which a hit counts as near the limit (metrics).
+    pub near_limit_ratio: f64,
+    /// Log verbosity and format.
+    pub log: LogSettings,
+    /// Time allowed for in-flight requests to finish on SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Running under Kubernetes (several replicas are likely).
+    pub kubernetes: bool,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// `trace`, `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    /// Output format.
+    pub format: LogFormat,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Counter store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// In-process memory; correct for a single instance.
+    Memory,
+    /// Redis, shared by every instance.
+    Redis,
+}
+
+/// A setting that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {name}: {message}")]
+pub struct SettingsError {
+    /// The flag and variable, e.g. `--grpc-addr (GRPC_HOST/GRPC_PORT)`.
+    pub name: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// `sluice serve` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Config directory [default: $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY when RUNTIME_ROOT is set, else ./config]
+    #[arg(long, value_name = "DIR")]
+    pub config: Option<PathBuf>,
+    #[arg(long, env = "RUNTIME_ROOT", hide = true)]
+    runtime_root: Option<PathBuf>,
+    #[arg(long, env = "RUNTIME_SUBDIRECTORY", hide = true, default_value = "")]
+    runtime_subdirectory: String,
+    #[arg(
+        long,
+        env = "RUNTIME_APPDIRECTORY",
+        hide = true,
+        default_value = "config"
+    )]
+    runtime_appdirectory: String,
+
+    /// gRPC listen address [default: $GRPC_HOST:$GRPC_PORT, i.e. 0.0.0.0:8081]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub grpc_addr: Option<String>,
+    #[arg(long, env = "GRPC_HOST", hide = true, default_value = "0.0.0.0")]
+    grpc_host: String,
+    #[arg(long, env = "GRPC_PORT", hide = true, default_value = "8081")]
+    grpc_port: u16,
+
+    /// Admin HTTP listen address [default: $HOST:$PORT, i.e. 0.0.0.0:8080]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub http_addr: Option<String>,
+    #[arg(long = "host", env = "HOST", hide = true, default_value = "0.0.0.0")]
+    http_host: String,
+    #[arg(long = "port", env = "PORT", hide = true, default_value = "8080")]
+    http_port: u16,
+
+    /// Counter store [default: redis when REDIS_URL is set, else memory]
+    #[arg(long, env = "BACKEND_TYPE", value_enum, ignore_case = true)]
+    pub backend: Option<Backend>,
+    #[arg(long, env = "REDIS_URL", hide = true)]
+    redis_url: Option<String>,
+
+    /// Never answer OVER_LIMIT overall (per-descriptor statuses still tell the truth)
+    #[arg(long, env = "SHADOW_MODE", value_name = "BOOL", num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub shadow_mode: bool,
+
+    /// Treat every descriptor as a quota descriptor
+    #[arg(long, env = "QUOTA_MODE", value_name = "BOOL", num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub quota_mode: bool,
+
+    /// Merge config files that declare the same domain instead of rejecting them
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub merge_domain_config: bool,
+
+    /// Ratio of a limit from which hits count as near the limit, in (0, 1]
+    #[arg(long, env = "NEAR_LIMIT_RATIO", default_value = "0.8")]
+    pub near_limit_ratio: f64,
+
+    /// Cap on counters the memory store tracks
+    #[arg(long, env = "MEMORY_MAX_KEYS", default_value = "1000000")]
+    pub memory_max_keys: u64,
+
+    /// Log level: trace, debug, info, warn, error
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Log format
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        value_enum,
+        ignore_case = true,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// Time in-flight requests get to finish after SIGTERM (e.g. 15s, 500ms)
+    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "15s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+
+    #[arg(long, env = "KUBERNETES_SERVICE_HOST", hide = true)]
+    kubernetes_service_host: Option<String>,
+}
+
+impl ServeArgs {
+    /// Resolves defaults and checks every value.
+    pub fn into_settings(self) -> Result<Settings, SettingsError> {
+        let config_dir = match (&self.config, &self.runtime_root) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(root)) => root
+                .join(&self.runtime_subdirectory)
+                .join(&self.runtime_appdirectory),
+            (None, None) => PathBuf::from("config"),
+        };
+        let grpc_addr = resolve_addr(
+            "--grpc-addr (GRPC_HOST/GRPC_PORT)",
+            self.grpc_addr,
+            &self.grpc_host,
+            self.grpc_port,
+        )?;
+        let http_addr = resolve_addr(
+            "--http-addr (HOST/PORT)",
+            self.http_addr,
+            &self.http_host,
+            self.http_port,
+        )?;
+        let backend = self.backend.unwrap_or(if self.redis_url.is_some() {
+            Backend::Redis
+        } else {
+            Backend::Memory
+        });
+        if backend == Backend::Redis {
+            return Err(SettingsError {
+                name: "--backend (BACKEND_TYPE, REDIS_URL)".into(),
+                message: "the redis backend is not available in this version; use memory".into(),
+            });
+        }
+        if !(self.near_limit_ratio > 0.0 && self.near_limit_ratio <= 1.0) {
+            return Err(SettingsError {
+                name: "--near-limit-ratio (NEAR_LIMIT_RATIO)".into(),
+                message: format!("{} is not in (0, 1]", self.near_limit_ratio),
+            });
+        }
+        if self.memory_max_keys == 0 {
+            return Err(SettingsError {
+                name: "--memory-max-keys (MEMORY_MAX_KEYS)".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        let level = self.log_level.to_ascii_lowercase();
+        let level = match level.as_str() {
+            "trace" | "debug" | "info" | "warn" | "error" => level,
+            "warning" => "warn".to_owned(),
+            // logrus levels the reference service accepts
+            "fatal" | "panic" => "error".to_owned(),
+            _ => {
+                return Err(SettingsError {
+                    name: "--log-level (LOG_LEVEL)".into(),
+                    message: format!(
+                        "'{}' is not one of trace, debug, info, warn, error",
+                        self.log_level
+                    ),
+                });
+            }
+        };
+        Ok(Settings {
+            config_dir,
+            grpc_addr,
+            http_addr,
+            backend,
+            limiter: LimiterOptions {
+                shadow_mode: self.shadow_mode,
+                quota_mode: self.quota_mode,
+            },
+            merge_domains: self.merge_domain_config,
+            memory: MemoryOptions {
+                max_keys: self.memory_max_keys,
+            },
+            near_limit_ratio: self.near_limit_ratio,
+            log: LogSettings {
+                level,
+                format: self.log_format,
+            },
+            shutdown_grace: self.shutdown_grace,
+            kubernetes: self.kubernetes_service_host.is_some(),
+        })
+    }
+}
+
+impl Settings {
+    /// Settings for tests and embedding: memory store, `config_dir`, loopback port 0.
+    pub fn for_tests(config_dir: impl Into<PathBuf>) -> Self {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            config_dir: config_dir.into(),
+            grpc_addr: loopback,
+            http_addr: loopback,
+            backend: Backend::Memory,
+            limiter: LimiterOptions::default(),
+            merge_domains: false,
+            memory: MemoryOptions::default(),
+            near_limit_ratio: 0.8,
+            log: LogSettings {
+                level: "info".into(),
+                format: LogFormat::Text,
+            },
+            shutdown_grace: Duration::from_secs(5),
+            kubernetes: false,
+        }
+    }
+}
+
+fn resolve_addr(
+    name: &str,
+    explicit: Option<String>,
+    host: &str,
+    port: u16,
+) -> Result<SocketAddr, SettingsError> {
+    let text = explicit.unwrap_or_else(|| {
+        if host.contains(':') {
+            format!("[{host}]:{port}") // an IPv6 host
+        } else {
+            format!("{host}:{port}")
+        }
+    });
+    let error = |message: String| SettingsError {
+        name: name.to_owned(),
+        message,
+    };
+    text.to_socket_addrs()
+        .map_err(|e| error(format!("'{text}': {e}")))?
+        .next()
+        .ok_or_else(|| error(format!("'{text}' resolves to no address")))
+}
+
+/// Parses a boolean the way the reference service (Go's `strconv.ParseBool`) does, plus
+/// `yes`/`no`/`on`/`off`.
+pub fn parse_bool(text: &str) -> Result<bool, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "1" | "t" | "true" | "yes" | "y" | "on" => Ok(true),
+        "0" | "f" | "false" | "no" | "n" | "off" | "" => Ok(false),
+        _ => Err(format!("'{text}' is not a boolean (true or false)")),
+    }
+}
+
+/// Parses a duration such as `15s`, `500ms`, `2m` or `1h` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration such as 15s or 500ms"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1_000.0,
+        "us" | "µs" => value / 1_000_000.0,
+        "m" => value * 60.0,
+        "h" => value * 3_600.0,
+        _ => {
+            return Err(format!(
+                "'{text}': unknown unit '{unit}' (use ms, s, m or h)"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("'{text}': {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
+        let mut argv = vec!["sluice"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).unwrap().serve.into_settings()
+    }
+
+    #[test]
+    fn defaults_follow_the_reference_ports_and_layout() {
+        let s = settings(&[]).unwrap();
+        // Defaults may be overridden by the test process's environment; only check shape.
+        assert_eq!(s.backend, Backend::Memory);
+        assert!(s.grpc_addr.port() != 0 && s.http_addr.port() != 0);
+    }
+
+    #[test]
+    fn flags_take_addresses_and_the_runtime_layout() {
+        let s = settings(&[
+            "--grpc-addr",
+            "127.0.0.1:9001",
+            "--http-addr",
+            "127.0.0.1:9002",
+            "--runtime-root",
+            "/srv/rt",
+            "--runtime-subdirectory",
+            "ratelimit",
+        ])
+        .unwrap();
+        assert_eq!(s.grpc_addr, "127.0.0.1:9001".parse().unwrap());
+        assert_eq!(s.http_addr, "127.0.0.1:9002".parse().unwrap());
+        assert_eq!(s.config_dir, PathBuf::from("/srv/rt/ratelimit/config"));
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let err = settings(&["--near-limit-ratio", "1.5"]).unwrap_err();
+        assert!(err.to_string().contains("NEAR_LIMIT_RATIO"), "{err}");
+        let err = settings(&["--grpc-addr", "nonsense"]).unwrap_err();
+        assert!(err.to_string().contains("--grpc-addr"), "{err}");
+        let err = settings(&["--log-level", "loud"]).unwrap_err();
+        assert!(err.to_string().contains("LOG_LEVEL"), "{err}");
+        let err = settings(&["--backend", "redis"]).unwrap_err();
+        assert!(err.to_string().contains("BACKEND_TYPE"), "{err}");
+    }
+
+    #[test]
+    fn booleans_and_durations_parse_like_the_reference() {
+        assert_eq!(parse_bool("True"), Ok(true));
+        assert_eq!(parse_bool("0"), Ok(false));
+        assert!(parse_bool("maybe").is_err());
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("soon").is_err());
+    }
+}

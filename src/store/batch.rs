@@ -1,0 +1,69 @@
+//! One request's counter operations, and the rule that decides whether they are charged.
+
+use super::CounterKey;
+use crate::algorithm::{Decision, Limit};
+
+/// How an operation's decision counts toward the request's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Over the limit → the request is over the limit.
+    Enforce,
+    /// Counted and reported, never rejects (`shadow_mode`).
+    Shadow,
+    /// `quota_mode`: the request is over the limit only when every quota operation is.
+    Quota,
+}
+
+/// One counter to check and charge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CounterOp {
+    /// The counter's identity.
+    pub key: CounterKey,
+    /// The limit and algorithm.
+    pub limit: Limit,
+    /// Hits to charge; 0 checks without charging; negative refunds.
+    pub hits: i64,
+    /// How this operation's decision counts.
+    pub role: Role,
+}
+
+/// All counter operations of one request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    /// Operations, in request order.
+    pub ops: Vec<CounterOp>,
+    /// Admit whatever the decisions (global shadow mode answers OK, so it charges).
+    pub always_admit: bool,
+}
+
+/// The result of applying a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// One decision per operation, in order.
+    pub decisions: Vec<Decision>,
+    /// Whether the request was admitted, i.e. the allowed hits were charged.
+    pub admitted: bool,
+}
+
+/// Whether a request whose operations got `decisions` is admitted.
+///
+/// Every store applies this same rule (the Redis scripts mirror it): any enforced operation
+/// over the limit rejects the request; quota operations reject it only all together.
+pub fn admitted(ops: &[CounterOp], decisions: &[Decision], always_admit: bool) -> bool {
+    if always_admit {
+        return true;
+    }
+    let mut quota_seen = false;
+    let mut quota_all_over = true;
+    for (op, decision) in ops.iter().zip(decisions) {
+        match op.role {
+            Role::Enforce if !decision.allowed => return false,
+            Role::Quota => {
+                quota_seen = true;
+                quota_all_over &= !decision.allowed;
+            }
+            Role::Enforce | Role::Shadow => {}
+        }
+    }
+    !(quota_seen && quota_all_over)
+}

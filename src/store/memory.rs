@@ -1,0 +1,304 @@
+//! The in-memory store: the embedded default, correct for ONE instance only (several
+//! instances with private memory admit the limit once each).
+//!
+//! A fixed number of shards, each a `HashMap` behind its own `std::sync::Mutex` (never held
+//! across an `.await`: a batch is applied synchronously). A request locks only the shards
+//! its counters live in, in ascending order (so two requests can never deadlock), which
+//! makes the whole batch atomic without a global lock. Idle counters expire: a background
+//! sweeper drops them, and a full shard purges them before evicting anything. A cap on
+//! tracked counters bounds memory under a flood of random keys; when it is reached the
+//! counter closest to expiry (of a small sample) is evicted, counted and logged.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use super::{Applied, Batch, BoxFuture, CounterKey, Store, StoreError, StoreStatus, admitted};
+use crate::algorithm::{self, Micros, SECOND, State, Transition};
+use crate::clock::Clock;
+
+/// Entries examined to choose a victim when a full shard must evict.
+const EVICTION_SAMPLE: usize = 8;
+/// A full shard scans for expired entries at most this often.
+const PURGE_INTERVAL: Micros = SECOND;
+/// How often the background sweeper drops expired counters.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
+/// Eviction warnings are logged at most this often.
+const WARN_INTERVAL: Micros = 60 * SECOND;
+
+/// Memory store settings.
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryOptions {
+    /// Cap on tracked counters (approximate: enforced per shard).
+    pub max_keys: u64,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        Self {
+            max_keys: 1_000_000,
+        }
+    }
+}
+
+/// A cheap-to-clone handle to the shared counters.
+#[derive(Clone)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    max_keys: u64,
+    max_per_shard: usize,
+    tracked: AtomicU64,
+    evicted: AtomicU64,
+    last_warned: AtomicU64,
+}
+
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<CounterKey, Slot>,
+    last_purge: Micros,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    state: State,
+    expires_at: Micros,
+}
+
+// === impl MemoryStore ===
+
+impl MemoryStore {
+    /// A new, empty store reading time from `clock`. Inside a Tokio runtime it also starts the
+    /// sweeper of expired counters, which stops when the last handle is dropped.
+    pub fn new(options: MemoryOptions, clock: Arc<dyn Clock>) -> Self {
+        let max_keys = options.max_keys.max(1);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        // Enough shards that cores rarely contend, few enough that each holds a fair share
+        // of the cap (a shard of a handful of keys would evict too eagerly).
+        let shards = (cores * 16)
+            .next_power_of_two()
+            .min(((max_keys / 256).max(1) as usize).next_power_of_two());
+        let max_per_shard = max_keys.div_ceil(shards as u64) as usize;
+        let shared = Arc::new(Shared {
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+            clock,
+            max_keys,
+            max_per_shard,
+            tracked: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            last_warned: AtomicU64::new(0),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep(Arc::downgrade(&shared)));
+        }
+        Self { shared }
+    }
+
+    /// Number of tracked counters, expired ones not yet dropped included.
+    pub fn len(&self) -> u64 {
+        self.shared.tracked.load(Ordering::Relaxed)
+    }
+
+    /// Whether no counter is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired counter now (the sweeper does this periodically).
+    pub fn purge_expired(&self) {
+        let now = self.shared.clock.now();
+        for shard in self.shared.shards.iter() {
+            self.shared.purge(&mut lock(shard), now);
+        }
+    }
+
+    fn apply_now(&self, batch: &Batch) -> Applied {
+        let shared = &*self.shared;
+        let now = shared.clock.now();
+        let shard_of: Vec<usize> = batch
+            .ops
+            .iter()
+            .map(|op| shared.shard_index(&op.key))
+            .collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&shared.shards[i])).collect();
+        let guard_of = |op: usize| order.binary_search(&shard_of[op]).expect("shard is locked");
+
+        // Decide every operation against the counters plus this batch's own earlier
+        // charges (two descriptors of one request may share a counter).
+        let mut pending: Vec<(usize, Transition)> = Vec::new();
+        let mut decisions = Vec::with_capacity(batch.ops.len());
+        for (i, op) in batch.ops.iter().enumerate() {
+            let current = pending_state(&pending, batch, &op.key)
+                .or_else(|| guards[guard_of(i)].get(&op.key, now));
+            let t = algorithm::decide(current.as_ref(), &op.limit, now, op.hits);
+            decisions.push(t.decision);
+            if t.decision.allowed && op.hits != 0 {
+                pending.push((i, t));
+            }
+        }
+
+        let admitted = admitted(&batch.ops, &decisions, batch.always_admit);
+        if !admitted {
+            // Nothing is charged, but refunds still return what earlier requests took.
+            pending.clear();
+            for (i, op) in batch.ops.iter().enumerate().filter(|(_, op)| op.hits < 0) {
+                let current = pending_state(&pending, batch, &op.key)
+                    .or_else(|| guards[guard_of(i)].get(&op.key, now));
+                pending.push((
+                    i,
+                    algorithm::decide(current.as_ref(), &op.limit, now, op.hits),
+                ));
+            }
+        }
+        for (i, t) in pending {
+            let key = &batch.ops[i].key;
+            shared.store(&mut guards[guard_of(i)], key, t, now);
+        }
+        Applied {
+            decisions,
+            admitted,
+        }
+    }
+}
+
+/// The latest state this batch has already decided for `key`, if any.
+fn pending_state(
+    pending: &[(usize, Transition)],
+    batch: &Batch,
+    key: &CounterKey,
+) -> Option<State> {
+    pending
+        .iter()
+        .rev()
+        .find(|(i, _)| batch.ops[*i].key == *key)
+        .map(|(_, t)| t.next)
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave a half-written entry (entries are
+    // replaced whole), so a poisoned shard is still consistent.
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Store for MemoryStore {
+    fn apply<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<Applied, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.apply_now(batch))))
+    }
+
+    fn status(&self) -> StoreStatus {
+        StoreStatus {
+            kind: "memory",
+            tracked_keys: Some(self.len()),
+            max_keys: Some(self.shared.max_keys),
+            evicted_keys: self.shared.evicted.load(Ordering::Relaxed),
+        }
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    fn shard_index(&self, key: &CounterKey) -> usize {
+        // The shard count is a power of two.
+        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    }
+
+    fn store(&self, shard: &mut Shard, key: &CounterKey, t: Transition, now: Micros) {
+        let slot = Slot {
+            state: t.next,
+            expires_at: t.expires_at,
+        };
+        if let Some(existing) = shard.entries.get_mut(key) {
+            *existing = slot;
+            return;
+        }
+        if shard.entries.len() >= self.max_per_shard {
+            if now.saturating_sub(shard.last_purge) >= PURGE_INTERVAL {
+                self.purge(shard, now);
+            }
+            if shard.entries.len() >= self.max_per_shard {
+                self.evict_one(shard, now);
+            }
+        }
+        shard.entries.insert(key.clone(), slot);
+        self.tracked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn purge(&self, shard: &mut Shard, now: Micros) {
+        let before = shard.entries.len();
+        shard.entries.retain(|_, slot| slot.expires_at > now);
+        shard.last_purge = now;
+        self.tracked
+            .fetch_sub((before - shard.entries.len()) as u64, Ordering::Relaxed);
+    }
+
+    fn evict_one(&self, shard: &mut Shard, now: Micros) {
+        let victim = shard
+            .entries
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|(_, slot)| slot.expires_at)
+            .map(|(key, _)| key.clone());
+        let Some(victim) = victim else { return };
+        shard.entries.remove(&victim);
+        self.tracked.fetch_sub(1, Ordering::Relaxed);
+        let evicted = self.evicted.fetch_add(1, Ordering::Relaxed) + 1;
+        let last = self.last_warned.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= WARN_INTERVAL)
+            && self
+                .last_warned
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                max_keys = self.max_keys,
+                evicted_total = evicted,
+                "memory store is full: evicting live counters, which forgets their hits; raise --memory-max-keys or use a shared store"
+            );
+        }
+    }
+}
+
+impl Shard {
+    fn get(&self, key: &CounterKey, now: Micros) -> Option<State> {
+        self.entries
+            .get(key)
+            .filter(|slot| slot.expires_at > now)
+            .map(|slot| slot.state)
+    }
+}
+
+/// Drops expired counters periodically until the store is dropped.
+async fn sweep(shared: Weak<Shared>) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        for shard in shared.shards.iter() {
+            let now = shared.clock.now();
+            shared.purge(&mut lock(shard), now);
+            // Let requests run between shards: a sweep of a million keys takes a while.
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

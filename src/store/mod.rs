@@ -1,0 +1,60 @@
+//! Counter stores. One async, object-safe trait, batched per request: a store applies all of
+//! a request's counter operations in one call, atomically, so that a request answered
+//! OVER_LIMIT charges nothing on any of its descriptors.
+//!
+//! - [`memory`]: sharded in-process map, the embedded default (one instance only).
+
+mod batch;
+mod key;
+pub mod memory;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use batch::{Applied, Batch, CounterOp, Role, admitted};
+pub use key::CounterKey;
+pub use memory::MemoryStore;
+
+/// A boxed future, so that [`Store`] stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where counters live.
+pub trait Store: Send + Sync + 'static {
+    /// Decides every operation of `batch` against the current counters and, when the request
+    /// is admitted (see [`admitted`]), charges the allowed ones. Refunds always apply.
+    fn apply<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<Applied, StoreError>>;
+
+    /// A snapshot for `/rlconfig`, logs and metrics.
+    fn status(&self) -> StoreStatus;
+}
+
+/// What a store reports about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreStatus {
+    /// `memory`, `redis`, ...
+    pub kind: &'static str,
+    /// Counters currently tracked (where known).
+    pub tracked_keys: Option<u64>,
+    /// The cap on tracked counters (where there is one).
+    pub max_keys: Option<u64>,
+    /// Live counters dropped because the cap was reached.
+    pub evicted_keys: u64,
+}
+
+/// A store call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer in time, or could not be reached; retrying may succeed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered with something that makes no sense; retrying will not help.
+    #[error("store error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    /// Whether a retry could succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}

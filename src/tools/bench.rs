@@ -1,0 +1,196 @@
+//! `sluice bench`: a closed-loop load generator over gRPC.
+//!
+//! `--concurrency` workers each send one request at a time over `--connections` HTTP/2
+//! connections, for `--duration` after a `--warmup`. Each request carries `--descriptors`
+//! descriptors `(key, k<N>)` with N drawn from `--keys` distinct values by a fixed-seed
+//! generator, so runs are repeatable. Prints requests/s and latency percentiles.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+use super::{ToolError, connect};
+use crate::settings::parse_duration;
+
+/// `sluice bench` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// gRPC address of the rate limit service
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub addr: String,
+    /// Domain of the requests
+    #[arg(long, default_value = "bench")]
+    pub domain: String,
+    /// Descriptor entry key
+    #[arg(long, default_value = "bench_key")]
+    pub key: String,
+    /// Distinct descriptor values (key cardinality)
+    #[arg(long, default_value = "1")]
+    pub keys: u64,
+    /// Descriptors per request
+    #[arg(long, default_value = "1")]
+    pub descriptors: usize,
+    /// Requests in flight at once
+    #[arg(long, default_value = "64")]
+    pub concurrency: usize,
+    /// HTTP/2 connections
+    #[arg(long, default_value = "4")]
+    pub connections: usize,
+    /// Measured duration (e.g. 10s)
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Unmeasured warm-up before the measurement
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Requests answered within the measured period.
+    pub requests: u64,
+    /// Of those, answered OVER_LIMIT.
+    pub over_limit: u64,
+    /// Requests that failed (gRPC errors).
+    pub errors: u64,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Latency percentiles in microseconds: p50, p99, p99.9, max.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Slowest request.
+    pub max: u64,
+}
+
+/// Runs the load and returns the measurements.
+pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
+    if args.keys == 0 || args.descriptors == 0 || args.concurrency == 0 || args.connections == 0 {
+        return Err(ToolError::Usage(
+            "--keys, --descriptors, --concurrency and --connections must be at least 1".into(),
+        ));
+    }
+    let mut clients = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        clients.push(connect(&args.addr).await?);
+    }
+    let start = Instant::now() + args.warmup;
+    let end = start + args.duration;
+    let mut workers = Vec::with_capacity(args.concurrency);
+    for worker in 0..args.concurrency {
+        let mut client = clients[worker % clients.len()].clone();
+        let args = args.clone();
+        workers.push(tokio::spawn(async move {
+            let mut rng = XorShift::new(0x5eed_0000 + worker as u64);
+            let mut latencies = Vec::with_capacity(1 << 16);
+            let (mut over, mut errors) = (0u64, 0u64);
+            loop {
+                let request = RateLimitRequest {
+                    domain: args.domain.clone(),
+                    descriptors: (0..args.descriptors)
+                        .map(|_| RateLimitDescriptor {
+                            entries: vec![Entry {
+                                key: args.key.clone(),
+                                value: format!("k{}", rng.next() % args.keys),
+                            }],
+                            ..Default::default()
+                        })
+                        .collect(),
+                    hits_addend: 1,
+                };
+                let sent = Instant::now();
+                let result = client.should_rate_limit(request).await;
+                let done = Instant::now();
+                if done >= end {
+                    break;
+                }
+                if sent < start {
+                    continue;
+                }
+                match result {
+                    Ok(r) => {
+                        latencies.push(done.duration_since(sent).as_micros() as u32);
+                        over += u64::from(r.get_ref().overall_code == Code::OverLimit as i32);
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            (latencies, over, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut report = Report {
+        seconds: args.duration.as_secs_f64(),
+        ..Report::default()
+    };
+    for worker in workers {
+        let (latencies, over, errors) = worker
+            .await
+            .map_err(|e| ToolError::Rpc(format!("bench worker failed: {e}")))?;
+        all.extend(latencies);
+        report.over_limit += over;
+        report.errors += errors;
+    }
+    all.sort_unstable();
+    report.requests = all.len() as u64;
+    let pct = |p: f64| -> u64 {
+        if all.is_empty() {
+            return 0;
+        }
+        let i = ((all.len() as f64 * p).ceil() as usize).clamp(1, all.len()) - 1;
+        u64::from(all[i])
+    };
+    report.p50 = pct(0.50);
+    report.p99 = pct(0.99);
+    report.p999 = pct(0.999);
+    report.max = all.last().copied().map_or(0, u64::from);
+    Ok(report)
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |us: u64| us as f64 / 1000.0;
+        writeln!(
+            f,
+            "requests: {} in {:.1}s = {:.0} req/s ({} over limit, {} errors)",
+            self.requests,
+            self.seconds,
+            self.requests as f64 / self.seconds,
+            self.over_limit,
+            self.errors
+        )?;
+        write!(
+            f,
+            "latency: p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms",
+            ms(self.p50),
+            ms(self.p99),
+            ms(self.p999),
+            ms(self.max)
+        )
+    }
+}
+
+/// A tiny deterministic generator: benches must be repeatable, not cryptographic.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
