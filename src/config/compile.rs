@@ -102,9 +102,16 @@ impl Cx<'_> {
                 self.error(
                     &format!("{path}.share_threshold"),
                     format!(
-                        "share_threshold requires a wildcard value containing '*', got {}",
-                        value.map_or("no value".to_owned(), |v| format!("'{v}'"))
+                        "share_threshold can only be used with wildcard values (containing '*'), but found key '{composite}'"
                     ),
+                );
+            }
+            if let Some(metadata) = &raw.metadata
+                && !(metadata.is_mapping() || metadata.is_null())
+            {
+                self.error(
+                    &format!("{path}.metadata"),
+                    "error parsing metadata: expected a mapping of keys to values",
                 );
             }
             let group = children.by_key.entry(key.to_owned()).or_default();

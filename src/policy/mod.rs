@@ -141,30 +141,26 @@ impl Policy {
         let mut out = String::new();
         for rule in self.rules() {
             let _ = match rule.limit {
-                RuleLimit::Unlimited => writeln!(
+                RuleLimit::Unlimited => write!(
                     out,
-                    "{}: unlimited, shadow_mode: {}",
-                    rule.stats_key, rule.shadow_mode
+                    "{}: unlimited, shadow_mode: {}, quota_mode: {}",
+                    rule.stats_key, rule.shadow_mode, rule.quota_mode
                 ),
-                RuleLimit::Limited(limit) => writeln!(
+                RuleLimit::Limited(limit) => write!(
                     out,
-                    "{}: unit={} requests_per_unit={}, algorithm={}, shadow_mode: {}{}{}",
+                    "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}, algorithm: {}",
                     rule.stats_key,
                     limit.unit.proto_name(),
                     limit.requests_per_unit,
-                    limit.algorithm.as_str(),
                     rule.shadow_mode,
-                    if rule.quota_mode {
-                        ", quota_mode: true"
-                    } else {
-                        ""
-                    },
-                    rule.name
-                        .as_deref()
-                        .map(|n| format!(", name: {n}"))
-                        .unwrap_or_default(),
+                    rule.quota_mode,
+                    limit.algorithm.as_str(),
                 ),
             };
+            if let Some(name) = &rule.name {
+                let _ = write!(out, ", name: {name}");
+            }
+            out.push('\n');
         }
         out
     }
