@@ -1,1 +1,184 @@
+//! The gRPC service called directly through its trait, as tonic-health's tests do.
+
 use super::*;
+use crate::clock::SystemClock;
+use crate::config::{LoadOptions, load_sources};
+use crate::limiter::LimiterOptions;
+use crate::store::MemoryStore;
+use crate::store::memory::MemoryOptions;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+fn service() -> RlsService {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2, name: two}\n";
+    let policy = load_sources(&[("d.yaml".into(), yaml.into())], LoadOptions::default()).unwrap();
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    RlsService::new(Arc::new(Limiter::new(
+        Arc::new(policy),
+        Arc::new(store),
+        LimiterOptions::default(),
+    )))
+}
+
+fn descriptor(value: &str) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: vec![Entry {
+            key: "k".into(),
+            value: value.into(),
+        }],
+        ..Default::default()
+    }
+}
+
+async fn call(
+    service: &RlsService,
+    request: RateLimitRequest,
+) -> Result<RateLimitResponse, Status> {
+    service
+        .should_rate_limit(Request::new(request))
+        .await
+        .map(Response::into_inner)
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "d".into(),
+        descriptors,
+        hits_addend,
+    }
+}
+
+#[tokio::test]
+async fn zero_hits_addend_is_converted_to_one() {
+    let service = service();
+    let response = call(&service, request(vec![descriptor("a")], 0))
+        .await
+        .unwrap();
+    assert_eq!(response.statuses[0].limit_remaining, 1);
+}
+
+#[tokio::test]
+async fn descriptor_hits_addend_wins_over_the_request_one() {
+    let service = service();
+    let mut d = descriptor("a");
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    let response = call(&service, request(vec![d], 2)).await.unwrap();
+    assert_eq!(
+        response.statuses[0].limit_remaining, 2,
+        "0 checks without charging"
+    );
+    let response = call(&service, request(vec![descriptor("a")], 2))
+        .await
+        .unwrap();
+    assert_eq!(response.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test]
+async fn over_limit_carries_retry_after_in_whole_seconds() {
+    let service = service();
+    call(&service, request(vec![descriptor("a")], 2))
+        .await
+        .unwrap();
+    let response = call(&service, request(vec![descriptor("a")], 1))
+        .await
+        .unwrap();
+    assert_eq!(response.overall_code, Code::OverLimit as i32);
+    let status = &response.statuses[0];
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("two", 2));
+    let reset = status.duration_until_reset.unwrap();
+    let header = &response.response_headers_to_add[0];
+    assert_eq!(header.key, "retry-after");
+    // Rounded up: a reset in 12.3 s is announced as 13.
+    let expected = reset.seconds + i64::from(reset.nanos > 0);
+    assert_eq!(header.value, expected.max(1).to_string());
+}
+
+#[tokio::test]
+async fn ok_answers_carry_no_retry_after() {
+    let service = service();
+    let response = call(&service, request(vec![descriptor("a")], 1))
+        .await
+        .unwrap();
+    assert_eq!(response.overall_code, Code::Ok as i32);
+    assert!(response.response_headers_to_add.is_empty());
+}
+
+#[tokio::test]
+async fn an_override_with_unit_unknown_is_invalid_argument_not_a_crash() {
+    let service = service();
+    for unit in [0, 42] {
+        let mut d = descriptor("a");
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit,
+        });
+        let status = call(&service, request(vec![d], 1)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status.message().contains("invalid unit"),
+            "{}",
+            status.message()
+        );
+    }
+    // Still serving.
+    assert!(
+        call(&service, request(vec![descriptor("a")], 1))
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn empty_domain_and_empty_descriptors_are_invalid_arguments() {
+    let service = service();
+    let mut no_domain = request(vec![descriptor("a")], 1);
+    no_domain.domain.clear();
+    let status = call(&service, no_domain).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(status.message(), "rate limit domain must not be empty");
+    let status = call(&service, request(vec![], 1)).await.unwrap_err();
+    assert_eq!(
+        status.message(),
+        "rate limit descriptor list must not be empty"
+    );
+}
+
+#[tokio::test]
+async fn negative_hits_release_what_was_taken() {
+    let service = service();
+    call(&service, request(vec![descriptor("a")], 2))
+        .await
+        .unwrap();
+    let mut release = descriptor("a");
+    release.is_negative_hits = true;
+    release.hits_addend = Some(UInt64Value { value: 1 });
+    let response = call(&service, request(vec![release], 1)).await.unwrap();
+    assert_eq!(response.overall_code, Code::Ok as i32);
+    assert_eq!(response.statuses[0].limit_remaining, 1);
+}
+
+#[tokio::test]
+async fn huge_hits_do_not_overflow() {
+    let service = service();
+    let mut d = descriptor("a");
+    d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    let response = call(&service, request(vec![d], 1)).await.unwrap();
+    assert_eq!(response.overall_code, Code::OverLimit as i32);
+    let mut d = descriptor("a");
+    d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    d.is_negative_hits = true;
+    let response = call(&service, request(vec![d], 1)).await.unwrap();
+    assert_eq!(response.overall_code, Code::Ok as i32);
+}
+
+#[tokio::test]
+async fn a_panicking_future_becomes_an_error() {
+    let fut = std::pin::pin!(async { panic!("boom") });
+    let result: Result<(), String> = CatchUnwind::new(fut).await;
+    assert_eq!(result.unwrap_err(), "boom");
+}

@@ -1,1 +1,131 @@
 use super::*;
+use crate::algorithm::{Algorithm, Limit};
+use crate::clock::ManualClock;
+use crate::store::{CounterOp, Role};
+
+const PER_MINUTE_2: Limit = Limit {
+    requests: 2,
+    window: 60 * SECOND,
+    algorithm: Algorithm::FixedWindow,
+};
+
+fn store(max_keys: u64) -> (MemoryStore, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_000 * 60 * SECOND));
+    (
+        MemoryStore::new(MemoryOptions { max_keys }, clock.clone()),
+        clock,
+    )
+}
+
+fn op(name: &str, hits: i64) -> CounterOp {
+    CounterOp {
+        key: CounterKey::new("d", [("k", name)], &PER_MINUTE_2),
+        limit: PER_MINUTE_2,
+        hits,
+        role: Role::Enforce,
+    }
+}
+
+fn apply(store: &MemoryStore, ops: Vec<CounterOp>) -> Applied {
+    store.apply_now(&Batch {
+        ops,
+        always_admit: false,
+    })
+}
+
+#[test]
+fn two_descriptors_on_one_counter_see_each_other() {
+    let (store, _) = store(100);
+    let applied = apply(&store, vec![op("a", 1), op("a", 1), op("a", 1)]);
+    let allowed: Vec<_> = applied.decisions.iter().map(|d| d.allowed).collect();
+    assert_eq!(allowed, [true, true, false]);
+    assert!(!applied.admitted);
+    // Rejected as a whole: nothing charged, the whole budget is still there.
+    assert_eq!(store.len(), 0);
+    assert!(apply(&store, vec![op("a", 2)]).admitted);
+}
+
+#[test]
+fn a_rejected_batch_still_applies_its_refunds() {
+    let (store, _) = store(100);
+    apply(&store, vec![op("a", 2), op("b", 2)]);
+    let applied = apply(&store, vec![op("a", -1), op("b", 1)]);
+    assert!(!applied.admitted);
+    assert_eq!(apply(&store, vec![op("a", 0)]).decisions[0].remaining, 1);
+}
+
+#[test]
+fn peeking_does_not_create_counters() {
+    let (store, _) = store(100);
+    apply(&store, vec![op("a", 0)]);
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn expired_counters_are_purged_and_forgotten() {
+    let (store, clock) = store(100);
+    apply(&store, vec![op("a", 2)]);
+    assert_eq!(store.len(), 1);
+    clock.advance(60 * SECOND);
+    store.purge_expired();
+    assert_eq!(store.len(), 0);
+    assert!(apply(&store, vec![op("a", 2)]).admitted);
+}
+
+#[test]
+fn the_key_cap_bounds_memory_and_counts_evictions() {
+    let (store, _) = store(300);
+    for i in 0..10_000 {
+        apply(&store, vec![op(&format!("flood-{i}"), 1)]);
+    }
+    let status = store.status();
+    assert!(status.tracked_keys.unwrap() <= 300 + 64, "{status:?}");
+    assert!(status.evicted_keys > 9_000, "{status:?}");
+}
+
+#[test]
+fn a_full_store_reclaims_expired_counters_before_evicting() {
+    let (store, clock) = store(256);
+    for i in 0..256 {
+        apply(&store, vec![op(&format!("old-{i}"), 1)]);
+    }
+    clock.advance(60 * SECOND);
+    for i in 0..256 {
+        apply(&store, vec![op(&format!("new-{i}"), 1)]);
+    }
+    assert_eq!(store.status().evicted_keys, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_never_admit_more_than_the_limit() {
+    let (store, _) = store(1_000);
+    let limit = Limit {
+        requests: 1_000,
+        ..PER_MINUTE_2
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..500 {
+                let batch = Batch {
+                    ops: vec![CounterOp {
+                        key: CounterKey::new("d", [("k", "shared")], &limit),
+                        limit,
+                        hits: 1,
+                        role: Role::Enforce,
+                    }],
+                    always_admit: false,
+                };
+                admitted += u32::from(store.apply(&batch).await.unwrap().admitted);
+            }
+            admitted
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, 1_000);
+}
