@@ -132,14 +132,20 @@ impl Prepared {
         let rls = RlsService::new(self.limiter.clone());
 
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        let grpc_addr = listeners.grpc.local_addr().ok();
+        let grpc_addr = listeners
+            .grpc
+            .local_addr()
+            .map_err(|e| AppError::Serve(e.to_string()))?;
         let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(rls.clone().into_server())
             .serve_with_incoming_shutdown(incoming, drain.started());
 
-        let http_addr = listeners.http.local_addr().ok();
+        let http_addr = listeners
+            .http
+            .local_addr()
+            .map_err(|e| AppError::Serve(e.to_string()))?;
         let router = admin::router(AdminState {
             rls,
             limiter: self.limiter.clone(),
@@ -157,7 +163,7 @@ impl Prepared {
             .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
             .await;
         health.set_serving(true);
-        tracing::info!(grpc = ?grpc_addr, http = ?http_addr, "serving");
+        tracing::info!(grpc = %grpc_addr, http = %http_addr, "serving");
 
         tokio::select! {
             _ = shutdown => {}

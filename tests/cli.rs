@@ -1,0 +1,221 @@
+//! The `sluice` binary as operators run it: exit codes, messages, signals.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+const CONFIG: &str = "domain: cli\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+fn sluice(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("REDIS_URL")
+        .env_remove("BACKEND_TYPE")
+        .output()
+        .unwrap()
+}
+
+/// A `sluice serve` process on ports chosen by the OS, and the addresses it logged.
+struct Served {
+    child: Child,
+    grpc: String,
+}
+
+fn serve(dir: &std::path::Path) -> Served {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .env("LOG_FORMAT", "text")
+        .env("LOG_LEVEL", "info")
+        .env_remove("REDIS_URL")
+        .env_remove("BACKEND_TYPE")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The "serving" log line is the readiness signal and names the bound ports.
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if let Some(rest) = line.split("grpc=").nth(1) {
+            let grpc = rest.split_whitespace().next().unwrap().to_owned();
+            return Served { child, grpc };
+        }
+    }
+    panic!("sluice serve exited before serving: {:?}", child.wait());
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_bad_setting_exits_64_with_one_line_naming_it() {
+    let dir = common::config_dir("cli-bad-setting", &[("c.yaml", CONFIG)]);
+    let cases: [(&[&str], &str); 3] = [
+        (&["--grpc-addr", "not-an-address"], "--grpc-addr"),
+        (&["--near-limit-ratio", "2"], "NEAR_LIMIT_RATIO"),
+        (&["--shadow-mode=perhaps"], "--shadow-mode"),
+    ];
+    for (args, named) in cases {
+        let mut argv = vec!["serve", "--config", dir.to_str().unwrap()];
+        argv.extend_from_slice(args);
+        let out = sluice(&argv);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_bad_environment_variable_is_named_too() {
+    let dir = common::config_dir("cli-bad-env", &[("c.yaml", CONFIG)]);
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&dir)
+        .env("GRPC_PORT", "eighty")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("grpc-port") || stderr.contains("GRPC_PORT"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_invalid_config_stops_startup_with_every_error() {
+    let dir = common::config_dir(
+        "cli-bad-config",
+        &[
+            (
+                "a.yaml",
+                "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            ),
+            (
+                "b.yaml",
+                "domain: b\ndescriptors:\n  - key: k\n    ratelimit: {unit: second}\n",
+            ),
+        ],
+    );
+    let out = sluice(&[
+        "serve",
+        "--config",
+        dir.to_str().unwrap(),
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains(
+            "a.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("config error, unknown key 'ratelimit'"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_config_directory_is_a_startup_error() {
+    let out = sluice(&["serve", "--config", "/nonexistent/sluice-config"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("/nonexistent/sluice-config"), "{stderr}");
+}
+
+#[test]
+fn check_prints_the_answer_and_exits_by_code_then_sigterm_exits_zero() {
+    let dir = common::config_dir("cli-serve", &[("c.yaml", CONFIG)]);
+    let mut served = serve(&dir);
+    let check = |value: &str| {
+        sluice(&[
+            "check",
+            "--addr",
+            &served.grpc,
+            "--domain",
+            "cli",
+            "--descriptor",
+            &format!("user={value}"),
+        ])
+    };
+    let first = check("ann");
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert_eq!(first.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("OK\n"), "{stdout}");
+    assert!(stdout.contains("limit=1/HOUR remaining=0"), "{stdout}");
+    let second = check("ann");
+    let stdout = String::from_utf8_lossy(&second.stdout);
+    assert_eq!(second.status.code(), Some(2), "{stdout}");
+    assert!(stdout.starts_with("OVER_LIMIT\n"), "{stdout}");
+    assert!(stdout.contains("header retry-after:"), "{stdout}");
+
+    let bad = sluice(&[
+        "check",
+        "--addr",
+        &served.grpc,
+        "--domain",
+        "cli",
+        "--descriptor",
+        "nokeyvalue",
+    ]);
+    assert_eq!(bad.status.code(), Some(64));
+
+    sigterm(&served.child);
+    let status = served.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn bench_reports_throughput_and_latency() {
+    let dir = common::config_dir(
+        "cli-bench",
+        &[(
+            "b.yaml",
+            "domain: bench\ndescriptors:\n  - key: bench_key\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n",
+        )],
+    );
+    let mut served = serve(&dir);
+    let out = sluice(&[
+        "bench",
+        "--addr",
+        &served.grpc,
+        "--duration",
+        "300ms",
+        "--warmup",
+        "0s",
+        "--keys",
+        "100",
+        "--descriptors",
+        "2",
+        "--concurrency",
+        "4",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("req/s (0 over limit, 0 errors)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("p99 "), "{stdout}");
+    sigterm(&served.child);
+    served.child.wait().unwrap();
+}

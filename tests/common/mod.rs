@@ -1,0 +1,201 @@
+//! Test helpers: a real Sluice server on 127.0.0.1:0, and clients for it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice::app::{self, Listeners};
+use sluice::settings::Settings;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+/// A fresh, empty directory under the system temp dir.
+pub fn temp_dir(name: &str) -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-test-{}-{}-{}",
+        name,
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes `files` (name, YAML) into a fresh config directory.
+pub fn config_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = temp_dir(name);
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
+}
+
+/// A running server; stops (and drains) when dropped or on [`TestServer::stop`].
+pub struct TestServer {
+    pub grpc_addr: std::net::SocketAddr,
+    pub http_addr: std::net::SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), app::AppError>>>,
+}
+
+impl TestServer {
+    /// Starts a server over a config directory holding `files`, and waits until `/ready`.
+    pub async fn start(files: &[(&str, &str)]) -> Self {
+        let settings = Settings::for_tests(config_dir("server", files));
+        Self::start_with(settings).await
+    }
+
+    /// Starts a server with `settings` (its addresses are ignored: port 0 on loopback).
+    pub async fn start_with(settings: Settings) -> Self {
+        let listeners = Listeners {
+            grpc: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        };
+        let grpc_addr = listeners.grpc.local_addr().unwrap();
+        let http_addr = listeners.http.local_addr().unwrap();
+        let prepared = app::prepare(settings).expect("valid test config");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(prepared.serve(listeners, async {
+            let _ = stopped.await;
+        }));
+        let server = Self {
+            grpc_addr,
+            http_addr,
+            stop: Some(stop),
+            task: Some(task),
+        };
+        server.wait_ready().await;
+        server
+    }
+
+    async fn wait_ready(&self) {
+        for _ in 0..500 {
+            if let Ok((200, _)) = http_get(self.http_addr, "/ready").await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("server never became ready");
+    }
+
+    /// A gRPC client.
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc_addr))
+            .await
+            .unwrap()
+    }
+
+    /// Triggers shutdown and waits for the drain to finish.
+    pub async fn stop(mut self) -> Result<(), app::AppError> {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A descriptor from `k=v` pairs.
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A request for `domain` with one hit.
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 1,
+    }
+}
+
+/// Sends `request`, panicking on a gRPC error.
+pub async fn should_rate_limit(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// A minimal HTTP/1.1 request over a fresh connection: (status, body).
+pub async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad response: {text}")))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    // Responses from axum are small; undo chunked encoding if present.
+    let body = if text
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, body))
+}
+
+/// GET `path`.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    http(addr, "GET", path, "").await
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
