@@ -1,1 +1,164 @@
-fn main() {}
+//! Criterion benches of the in-process hot path: descriptor matching, the memory store, and
+//! a whole `Limiter::check`. Fixed seeds and fixed configs, so runs compare.
+#![allow(missing_docs)]
+
+use std::sync::Arc;
+
+use criterion::{BatchSize, Criterion, black_box, criterion_group, criterion_main};
+use sluice::algorithm::{Algorithm, Limit, SECOND};
+use sluice::clock::SystemClock;
+use sluice::config::{LoadOptions, load_sources};
+use sluice::limiter::{Descriptor, Entry, Limiter, LimiterOptions, Request};
+use sluice::store::memory::MemoryOptions;
+use sluice::store::{Batch, CounterKey, CounterOp, MemoryStore, Role, Store};
+
+const CONFIG: &str = r#"
+domain: bench
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: api_key
+    value: partner-a
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: path
+    value: /api/v*/users/*
+    rate_limit: {unit: minute, requests_per_unit: 1000000000}
+  - key: remote_address
+    descriptors:
+      - key: path
+        value: /login
+        rate_limit: {unit: hour, requests_per_unit: 1000000000}
+"#;
+
+fn policy() -> sluice::policy::Policy {
+    load_sources(
+        &[("bench.yaml".into(), CONFIG.into())],
+        LoadOptions::default(),
+    )
+    .unwrap()
+}
+
+fn matcher(c: &mut Criterion) {
+    let policy = policy();
+    let domain = policy.domain("bench").unwrap();
+    let mut group = c.benchmark_group("matcher");
+    group.bench_function("exact", |b| {
+        b.iter(|| domain.find(black_box(&[("api_key", "partner-a")])))
+    });
+    group.bench_function("key_only", |b| {
+        b.iter(|| domain.find(black_box(&[("api_key", "someone-else")])))
+    });
+    group.bench_function("wildcard", |b| {
+        b.iter(|| domain.find(black_box(&[("path", "/api/v2/users/42")])))
+    });
+    group.bench_function("nested", |b| {
+        b.iter(|| {
+            domain.find(black_box(&[
+                ("remote_address", "10.0.0.7"),
+                ("path", "/login"),
+            ]))
+        })
+    });
+    group.finish();
+}
+
+fn memory_store(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+    let limit = Limit {
+        requests: u64::MAX / 2,
+        window: 60 * SECOND,
+        algorithm: Algorithm::FixedWindow,
+    };
+    let mut group = c.benchmark_group("memory_store");
+    for keys in [1usize, 10_000, 1_000_000] {
+        let store = MemoryStore::new(
+            MemoryOptions {
+                max_keys: 2_000_000,
+            },
+            Arc::new(SystemClock),
+        );
+        let batches: Vec<Batch> = (0..keys.min(100_000))
+            .map(|i| Batch {
+                ops: vec![CounterOp {
+                    key: CounterKey::new(
+                        "bench",
+                        [("k", format!("v{}", i * (keys / keys.min(100_000))).as_str())],
+                        &limit,
+                    ),
+                    limit,
+                    hits: 1,
+                    role: Role::Enforce,
+                }],
+                always_admit: false,
+            })
+            .collect();
+        // Pre-populate so the map holds `keys` counters.
+        for i in 0..keys {
+            let batch = Batch {
+                ops: vec![CounterOp {
+                    key: CounterKey::new("bench", [("k", format!("v{i}").as_str())], &limit),
+                    limit,
+                    hits: 1,
+                    role: Role::Enforce,
+                }],
+                always_admit: false,
+            };
+            runtime.block_on(store.apply(&batch)).unwrap();
+        }
+        let mut next = 0usize;
+        group.bench_function(format!("apply_1_op_{keys}_keys"), |b| {
+            b.iter(|| {
+                next = (next + 7919) % batches.len();
+                runtime
+                    .block_on(store.apply(black_box(&batches[next])))
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
+fn limiter_check(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    let limiter = Limiter::new(
+        Arc::new(policy()),
+        Arc::new(store),
+        LimiterOptions::default(),
+    );
+    let request = |n: usize| Request {
+        domain: "bench".into(),
+        descriptors: (0..n)
+            .map(|i| Descriptor {
+                entries: vec![Entry {
+                    key: "api_key".into(),
+                    value: format!("client-{i}"),
+                }],
+                limit: None,
+                hits: 1,
+            })
+            .collect(),
+    };
+    let mut group = c.benchmark_group("limiter_check");
+    for n in [1, 4] {
+        group.bench_function(format!("{n}_descriptors"), |b| {
+            b.iter_batched_ref(
+                || request(n),
+                |r| runtime.block_on(limiter.check(r)).unwrap(),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matcher, memory_store, limiter_check);
+criterion_main!(benches);

@@ -27,7 +27,7 @@ pub enum Command {
         /// The config directory
         dir: PathBuf,
         /// Merge files that declare the same domain
-        #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1,
+        #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
               default_value = "false", default_missing_value = "true",
               value_parser = crate::settings::parse_bool)]
         merge_domain_config: bool,

@@ -116,17 +116,17 @@ pub struct ServeArgs {
     redis_url: Option<String>,
 
     /// Never answer OVER_LIMIT overall (per-descriptor statuses still tell the truth)
-    #[arg(long, env = "SHADOW_MODE", value_name = "BOOL", num_args = 0..=1,
+    #[arg(long, env = "SHADOW_MODE", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub shadow_mode: bool,
 
     /// Treat every descriptor as a quota descriptor
-    #[arg(long, env = "QUOTA_MODE", value_name = "BOOL", num_args = 0..=1,
+    #[arg(long, env = "QUOTA_MODE", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub quota_mode: bool,
 
     /// Merge config files that declare the same domain instead of rejecting them
-    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1,
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub merge_domain_config: bool,
 

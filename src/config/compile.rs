@@ -192,7 +192,8 @@ impl Cx<'_> {
                     unit,
                     algorithm: Algorithm::FixedWindow,
                 }),
-                _ => return None,
+                // Invalid; keep checking the rest of this rate_limit so every error shows.
+                _ => RuleLimit::Unlimited,
             }
         };
 

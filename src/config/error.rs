@@ -48,10 +48,40 @@ impl ConfigError {
                 message = stripped.to_owned();
             }
         }
+        // serde_yaml prefixes type errors with the tree path: `descriptors[0].unit: invalid ...`.
+        let mut path = String::new();
+        if let Some((head, rest)) = message.split_once(": ")
+            && !head.contains(' ')
+            && (head.contains('.')
+                || head.contains('[')
+                || head.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            && !rest.is_empty()
+        {
+            path = head.to_owned();
+            message = rest.to_owned();
+        }
+        // Name the config's own notions, not our Rust types.
+        for (internal, shown) in [
+            (
+                "struct RawFile",
+                "a config file mapping (domain, descriptors)",
+            ),
+            (
+                "struct RawDescriptor",
+                "a descriptor mapping (key, value, rate_limit, ...)",
+            ),
+            (
+                "struct RawRateLimit",
+                "a rate_limit mapping (unit, requests_per_unit, ...)",
+            ),
+            ("struct RawReplaces", "a replaces entry mapping (name)"),
+        ] {
+            message = message.replace(internal, shown);
+        }
         Self {
             file: file.to_owned(),
             location,
-            path: String::new(),
+            path,
             message: format!("{prefix}{message}"),
         }
     }

@@ -91,35 +91,29 @@ fn parse_file(name: &str, text: &str) -> Result<raw::RawFile, Vec<ConfigError>> 
         // An empty file: the reference reports its (missing) domain.
         return Ok(raw::RawFile::default());
     }
-    match serde_yaml::from_str::<raw::RawFile>(text) {
-        Ok(file) => Ok(file),
-        Err(parse_error) => {
-            let unknown = raw::unknown_keys(&value);
-            if unknown.is_empty() {
-                return Err(vec![ConfigError::parse(name, "", &parse_error)]);
-            }
-            // The parser stopped at the first unknown key and knows where it is; the walk
-            // found all of them. Lend the parser's position to the first one.
-            let first_location = parse_error
-                .to_string()
-                .contains(&format!("unknown field `{}`", unknown[0].key))
-                .then(|| parse_error.location())
-                .flatten();
-            Err(unknown
-                .into_iter()
-                .enumerate()
-                .map(|(i, u)| {
-                    let error = ConfigError::at_path(
-                        name,
-                        &u.path,
-                        format!("config error, unknown key '{}'", u.key),
-                    );
-                    match (i, &first_location) {
-                        (0, Some(loc)) => error.with_location(loc.line(), loc.column()),
-                        _ => error,
-                    }
-                })
-                .collect())
-        }
+    let structural = raw::structure_errors(&value);
+    let parse_error = match serde_yaml::from_str::<raw::RawFile>(text) {
+        Ok(file) if structural.is_empty() => return Ok(file),
+        Ok(_) => None,
+        Err(e) => Some(ConfigError::parse(name, "", &e)),
+    };
+    if structural.is_empty() {
+        return Err(parse_error.into_iter().collect());
     }
+    // The parser stops at the first problem and knows where it is; the walk found all of
+    // them. Lend the parser's position to the walk's error at the same path.
+    let location = parse_error
+        .filter(|p| p.path == structural[0].path)
+        .and_then(|p| p.location);
+    Err(structural
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let error = ConfigError::at_path(name, &e.path, e.message);
+            match (i, location) {
+                (0, Some((line, column))) => error.with_location(line, column),
+                _ => error,
+            }
+        })
+        .collect())
 }

@@ -98,35 +98,39 @@ const DESCRIPTOR_KEYS: &[&str] = &[
 const RATE_LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
 const REPLACES_KEYS: &[&str] = &["name"];
 
-/// An unknown key found by [`unknown_keys`]: the tree path of the mapping holding it.
+/// A structural problem found by [`structure_errors`], in the reference's wording.
 #[derive(Debug, PartialEq, Eq)]
-pub struct UnknownKey {
-    /// Path of the mapping, e.g. `descriptors[0].rate_limit`.
+pub struct StructureError {
+    /// Path of the mapping or list item, e.g. `descriptors[0].rate_limit`.
     pub path: String,
-    /// The key as written (non-string keys rendered as YAML).
-    pub key: String,
+    /// What is wrong.
+    pub message: String,
 }
 
-/// Every key of `root` that the schema does not know, in document order.
-pub fn unknown_keys(root: &Value) -> Vec<UnknownKey> {
+/// Every unknown key, non-string key and non-mapping list item of `root`, in document order.
+pub fn structure_errors(root: &Value) -> Vec<StructureError> {
     let mut found = Vec::new();
     check_mapping(root, "", FILE_KEYS, &mut found);
     found
 }
 
-fn check_mapping(value: &Value, path: &str, known: &[&str], found: &mut Vec<UnknownKey>) {
+fn check_mapping(value: &Value, path: &str, known: &[&str], found: &mut Vec<StructureError>) {
     let Value::Mapping(map) = value else { return };
     for (key, child) in map {
         let name = match key {
             Value::String(s) => s.clone(),
-            other => serde_yaml::to_string(other)
-                .map(|s| s.trim_end().to_owned())
-                .unwrap_or_default(),
+            other => {
+                found.push(StructureError {
+                    path: path.to_owned(),
+                    message: format!("config error, key is not of type string: {}", render(other)),
+                });
+                continue;
+            }
         };
         if !known.contains(&name.as_str()) {
-            found.push(UnknownKey {
+            found.push(StructureError {
                 path: path.to_owned(),
-                key: name,
+                message: format!("config error, unknown key '{name}'"),
             });
             continue;
         }
@@ -140,13 +144,31 @@ fn check_mapping(value: &Value, path: &str, known: &[&str], found: &mut Vec<Unkn
     }
 }
 
-fn check_list(value: &Value, path: &str, known: &[&str], found: &mut Vec<UnknownKey>) {
+fn check_list(value: &Value, path: &str, known: &[&str], found: &mut Vec<StructureError>) {
     let Value::Sequence(items) = value else {
         return;
     };
     for (i, item) in items.iter().enumerate() {
-        check_mapping(item, &format!("{path}[{i}]"), known, found);
+        let item_path = format!("{path}[{i}]");
+        if item.is_mapping() {
+            check_mapping(item, &item_path, known, found);
+        } else {
+            found.push(StructureError {
+                path: item_path,
+                message: format!(
+                    "config error, yaml file contains list of type other than map: {}",
+                    render(item)
+                ),
+            });
+        }
     }
+}
+
+/// A scalar or small node as YAML text, for messages.
+fn render(value: &Value) -> String {
+    serde_yaml::to_string(value)
+        .map(|s| s.trim_end().to_owned())
+        .unwrap_or_default()
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -165,17 +187,40 @@ mod tests {
     fn finds_every_unknown_key_with_its_path() {
         let yaml = "domain: d\nfoo: 1\ndescriptors:\n  - key: a\n    rate_limit: {unti: second, requests_per_unit: 1}\n    descriptors:\n      - key: b\n        shadowmode: true\n";
         let root: Value = serde_yaml::from_str(yaml).unwrap();
-        let found = unknown_keys(&root);
+        let found = structure_errors(&root);
         let found: Vec<_> = found
             .iter()
-            .map(|u| (u.path.as_str(), u.key.as_str()))
+            .map(|u| (u.path.as_str(), u.message.as_str()))
             .collect();
         assert_eq!(
             found,
             [
-                ("", "foo"),
-                ("descriptors[0].rate_limit", "unti"),
-                ("descriptors[0].descriptors[0]", "shadowmode")
+                ("", "config error, unknown key 'foo'"),
+                (
+                    "descriptors[0].rate_limit",
+                    "config error, unknown key 'unti'"
+                ),
+                (
+                    "descriptors[0].descriptors[0]",
+                    "config error, unknown key 'shadowmode'"
+                )
+            ]
+        );
+    }
+
+    #[test]
+    fn list_items_must_be_mappings_and_keys_strings() {
+        let root: Value =
+            serde_yaml::from_str("domain: d\ndescriptors: [a, {key: b, 1: x}]\n").unwrap();
+        let found: Vec<_> = structure_errors(&root)
+            .into_iter()
+            .map(|e| e.message)
+            .collect();
+        assert_eq!(
+            found,
+            [
+                "config error, yaml file contains list of type other than map: a",
+                "config error, key is not of type string: 1"
             ]
         );
     }

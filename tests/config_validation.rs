@@ -1,0 +1,432 @@
+//! Config validation, one fixture per rule (`tests/fixtures/config/invalid/*.yaml`): each
+//! error names its file, its tree path, the parser's line:column when there is one, and uses
+//! the reference service's wording. Also the directory loader (what it skips, duplicate
+//! domains) and the `sluice validate` command.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sluice::config::{self, ConfigError, LoadOptions};
+use sluice::policy::{RuleLimit, Unit};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/config")
+}
+
+fn invalid(name: &str) -> PathBuf {
+    fixtures().join("invalid").join(name)
+}
+
+/// Loads in-memory `(file name, YAML)` sources and returns their errors.
+fn errors_of_text(sources: &[(&str, &str)], options: LoadOptions) -> Vec<ConfigError> {
+    let sources: Vec<(String, String)> = sources
+        .iter()
+        .map(|(name, text)| (name.to_string(), text.to_string()))
+        .collect();
+    config::load_sources(&sources, options).expect_err("should be rejected")
+}
+
+/// Loads one invalid fixture through `load_sources` and returns its errors.
+fn errors_of(name: &str) -> Vec<ConfigError> {
+    let text = std::fs::read_to_string(invalid(name)).unwrap();
+    errors_of_text(&[(name, &text)], LoadOptions::default())
+}
+
+const MERGE: LoadOptions = LoadOptions {
+    merge_domains: true,
+};
+
+/// A directory under the system temp dir, removed on drop. Unique per process and call, so
+/// tests can run in parallel (and alongside other test binaries).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "sluice-config-validation-{}-{n}-{tag}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    /// A temp dir holding copies of the named invalid fixtures.
+    fn with_invalid(tag: &str, names: &[&str]) -> Self {
+        let dir = Self::new(tag);
+        for name in names {
+            std::fs::copy(invalid(name), dir.0.join(name)).unwrap();
+        }
+        dir
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// === one fixture per rule ===
+
+/// The one error each fixture yields, as displayed: `file[:line:column]: [path: ]message`,
+/// where the line:column is the YAML parser's. A prefix where the parser's own text follows.
+/// `several_unknown_keys.yaml` has its own test below.
+const ONE_ERROR_PER_FIXTURE: &[&str] = &[
+    "misspelled_key.yaml:4:5: descriptors[0]: config error, unknown key 'ratelimit'",
+    "misspelled_key_nested.yaml:6:7: descriptors[0].rate_limit: config error, unknown key 'requestsperunit'",
+    "empty_domain.yaml: config file cannot have empty domain",
+    "missing_domain.yaml: config file cannot have empty domain",
+    "empty_key.yaml: descriptors[1]: descriptor has empty key",
+    "duplicate_key.yaml: descriptors[1]: duplicate descriptor composite key 'duplicate-key.key1_value1'",
+    "bad_unit.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'foo'",
+    "missing_unit.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit ''",
+    "missing_requests_per_unit.yaml: descriptors[0].rate_limit: rate limit has no requests_per_unit",
+    "unlimited_with_unit.yaml: descriptors[0].rate_limit: should not specify rate limit unit when unlimited",
+    "replaces_empty.yaml: descriptors[0].rate_limit.replaces[0]: should not have an empty replaces entry",
+    "replaces_self.yaml: descriptors[0].rate_limit.replaces[0]: replaces should not contain name of same descriptor",
+    "share_threshold_without_wildcard.yaml: descriptors[0].share_threshold: share_threshold can only be used with wildcard values (containing '*'), but found key 'path_files'",
+    "bad_yaml.yaml:5:1: error loading config file: did not find expected ',' or '}'",
+    "wrong_type.yaml:6:26: descriptors[0].rate_limit.requests_per_unit: invalid type: string \"many\"",
+    "wrong_type_list.yaml:5:7: descriptors[0].rate_limit: invalid type: sequence",
+    "negative_requests.yaml:6:26: descriptors[0].rate_limit.requests_per_unit: invalid type: integer `-1`",
+    "non_map_list.yaml:2:15: descriptors[0]: config error, yaml file contains list of type other than map: a",
+    "metadata_not_a_map.yaml: descriptors[0].metadata: error parsing metadata",
+];
+
+/// The fixture an expected line is about.
+fn fixture_of(expected: &str) -> &str {
+    expected.split(':').next().unwrap()
+}
+
+#[test]
+fn each_invalid_fixture_reports_its_rule_with_file_path_and_location() {
+    for expected in ONE_ERROR_PER_FIXTURE {
+        let name = fixture_of(expected);
+        let errors = errors_of(name);
+        assert_eq!(errors.len(), 1, "{name}: {errors:#?}");
+        assert_eq!(errors[0].file, name);
+        let shown = errors[0].to_string();
+        assert!(
+            shown.starts_with(expected),
+            "\n got: {shown}\nwant: {expected}"
+        );
+    }
+}
+
+#[test]
+fn location_and_tree_path_are_kept_apart_from_the_message() {
+    let error = &errors_of("bad_unit.yaml")[0];
+    assert_eq!(error.location, None);
+    assert_eq!(error.path, "descriptors[0].rate_limit.unit");
+    assert_eq!(error.message, "invalid rate limit unit 'foo'");
+    let error = &errors_of("misspelled_key_nested.yaml")[0];
+    assert_eq!(error.location, Some((6, 7)));
+    assert_eq!(error.path, "descriptors[0].rate_limit");
+    assert_eq!(error.message, "config error, unknown key 'requestsperunit'");
+    let error = &errors_of("bad_yaml.yaml")[0];
+    assert_eq!((error.location, error.path.as_str()), (Some((5, 1)), ""));
+}
+
+/// Every file in `invalid/`, sorted.
+fn invalid_fixtures() -> Vec<String> {
+    let dir = std::fs::read_dir(fixtures().join("invalid")).unwrap();
+    let mut names: Vec<String> = dir
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn every_invalid_fixture_is_covered_by_a_test() {
+    let mut covered: Vec<String> = ONE_ERROR_PER_FIXTURE
+        .iter()
+        .map(|expected| fixture_of(expected).to_owned())
+        .chain(["several_unknown_keys.yaml".to_owned()])
+        .collect();
+    covered.sort();
+    assert_eq!(invalid_fixtures(), covered);
+}
+
+#[test]
+fn several_unknown_keys_are_all_reported_in_document_order() {
+    let shown: Vec<String> = errors_of("several_unknown_keys.yaml")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    // The parser stops at the first one, so only that one has a line:column.
+    assert_eq!(
+        shown,
+        [
+            "several_unknown_keys.yaml:2:1: config error, unknown key 'domian'",
+            "several_unknown_keys.yaml: descriptors[0]: config error, unknown key 'shadowmode'",
+            "several_unknown_keys.yaml: descriptors[0].descriptors[0].rate_limit: config error, unknown key 'unti'",
+        ]
+    );
+}
+
+#[test]
+fn an_empty_file_has_an_empty_domain() {
+    let errors = errors_of_text(&[("empty.yaml", "")], LoadOptions::default());
+    let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["empty.yaml: config file cannot have empty domain"]);
+}
+
+#[test]
+fn errors_of_every_file_and_every_rule_are_collected() {
+    let names = ["bad_unit.yaml", "empty_key.yaml", "replaces_self.yaml"];
+    let sources: Vec<(String, String)> = names
+        .iter()
+        .map(|n| (n.to_string(), std::fs::read_to_string(invalid(n)).unwrap()))
+        .collect();
+    let errors = config::load_sources(&sources, LoadOptions::default()).unwrap_err();
+    let files: Vec<&str> = errors.iter().map(|e| e.file.as_str()).collect();
+    assert_eq!(files, names);
+
+    let one_file = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: foo, requests_per_unit: 1}\n  - key: ''\n  - key: b\n    value: v\n    share_threshold: true\n";
+    let errors = errors_of_text(&[("x.yaml", one_file)], LoadOptions::default());
+    let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "descriptors[0].rate_limit.unit",
+            "descriptors[1]",
+            "descriptors[2].share_threshold"
+        ]
+    );
+}
+
+#[test]
+fn rate_limit_with_several_errors_reports_all_of_them() {
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: foo\n      requests_per_unit: 1\n      name: n\n      replaces: [{name: n}]\n";
+    let errors = errors_of_text(&[("x.yaml", yaml)], LoadOptions::default());
+    let messages: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(
+        messages,
+        [
+            "invalid rate limit unit 'foo'",
+            "replaces should not contain name of same descriptor"
+        ]
+    );
+}
+
+#[test]
+fn type_errors_are_reported_like_the_other_rules() {
+    let error = &errors_of("wrong_type.yaml")[0];
+    assert_eq!(error.path, "descriptors[0].rate_limit.requests_per_unit");
+    assert!(error.message.starts_with("invalid type"), "{error:?}");
+    for name in ["non_map_list.yaml", "wrong_type_list.yaml"] {
+        let error = &errors_of(name)[0];
+        assert!(!error.message.contains("Raw"), "{error}");
+    }
+}
+
+#[test]
+fn loading_the_whole_invalid_directory_reports_each_files_errors() {
+    // load_dir reports what load_sources does for each file. Each fixture has its own
+    // domain, so together they add no duplicate-domain error.
+    let mut all = config::load_dir(&fixtures().join("invalid"), LoadOptions::default())
+        .unwrap_err()
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>();
+    let mut each: Vec<String> = invalid_fixtures()
+        .iter()
+        .flat_map(|name| errors_of(name))
+        .map(|e| e.to_string())
+        .collect();
+    all.sort();
+    each.sort();
+    assert_eq!(all, each);
+}
+
+// === the directory loader ===
+
+#[test]
+fn valid_directory_loads_and_skips_dotfiles_dot_directories_and_other_extensions() {
+    let loaded = config::load_dir(&fixtures().join("valid"), LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{e:#?}"));
+    let files = loaded.files.join(" ");
+    assert_eq!(files, "basic.yaml features.yaml nested/more.yaml units.yml");
+    let policy = &loaded.policy;
+    assert_eq!(policy.domain_count(), 4);
+    for domain in ["test-domain", "features", "nested", "units"] {
+        assert!(policy.domain(domain).is_some(), "{domain}");
+    }
+}
+
+#[test]
+fn valid_fixtures_keep_every_field() {
+    let policy = config::load_dir(&fixtures().join("valid"), LoadOptions::default())
+        .unwrap()
+        .policy;
+    let features = policy.domain("features").unwrap();
+    let rule = |entries: &[(&str, &str)]| features.find(entries).unwrap().clone();
+
+    let acme = rule(&[("tenant", "acme")]);
+    assert!(acme.quota_mode && !acme.shadow_mode);
+    assert_eq!(acme.name.as_deref(), Some("acme_daily"));
+    assert_eq!(acme.replaces, ["tenant_default"]);
+    let other = rule(&[("tenant", "other")]);
+    assert!(other.shadow_mode && other.value_to_metric && !other.quota_mode);
+    assert_eq!(rule(&[("tenant", "internal")]).limit, RuleLimit::Unlimited);
+    assert_eq!(
+        rule(&[("path", "/files/a")]).shared,
+        [Some("/files/*".to_owned())]
+    );
+    assert!(rule(&[("path", "/api/v1/users")]).detailed_metric);
+    assert_eq!(
+        rule(&[("path", "/v2/orders/7/items")]).stats_key,
+        "features.path_/v*/orders/*/items*"
+    );
+    let nested = rule(&[("client", "c"), ("method", "GET"), ("route", "/x")]);
+    assert_eq!(nested.stats_key, "features.client.method_GET.route_*");
+
+    let units = policy.domain("units").unwrap();
+    for (value, unit) in ["second", "minute", "hour", "day", "week", "month", "year"]
+        .into_iter()
+        .zip(Unit::ALL)
+    {
+        match units.find(&[("u", value)]).unwrap().limit {
+            RuleLimit::Limited(limit) => assert_eq!(limit.unit, unit, "{value}"),
+            RuleLimit::Unlimited => panic!("{value} is limited"),
+        }
+    }
+}
+
+#[test]
+fn duplicate_domain_across_files_names_both_files() {
+    let errors =
+        config::load_dir(&fixtures().join("duplicate_domain"), LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let error = errors[0].to_string();
+    assert!(error.starts_with("duplicate_domain_b.yaml: "), "{error}");
+    assert!(
+        error.contains("duplicate domain 'shared-domain'"),
+        "{error}"
+    );
+    assert!(error.contains("duplicate_domain_a.yaml"), "{error}");
+}
+
+#[test]
+fn merge_domains_combines_files_of_one_domain() {
+    let loaded = config::load_dir(&fixtures().join("duplicate_domain"), MERGE).unwrap();
+    let domain = loaded.policy.domain("shared-domain").unwrap();
+    for entry in [("key1", "value1"), ("key2", "value2")] {
+        assert!(domain.find(&[entry]).is_some(), "{entry:?}");
+    }
+}
+
+#[test]
+fn merge_domains_still_rejects_a_duplicate_composite_key() {
+    let text = std::fs::read_to_string(fixtures().join("duplicate_domain/duplicate_domain_a.yaml"))
+        .unwrap();
+    let errors = errors_of_text(&[("a.yaml", &text), ("b.yaml", &text)], MERGE);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].file, "b.yaml");
+    assert!(
+        errors[0]
+            .message
+            .contains("duplicate descriptor composite key 'shared-domain.key1_value1'")
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn configmap_symlink_layout_loads_each_file_once() {
+    use std::os::unix::fs::symlink;
+    // Kubernetes mounts: real files in `..<timestamp>/`, `..data` links to it, and each
+    // top-level name links into `..data`.
+    let dir = TempDir::new("configmap");
+    let real = dir.0.join("..2026_01_01_00_00_00.000000000");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::copy(fixtures().join("valid/basic.yaml"), real.join("basic.yaml")).unwrap();
+    symlink(&real, dir.0.join("..data")).unwrap();
+    symlink("..data/basic.yaml", dir.0.join("basic.yaml")).unwrap();
+    symlink("..data/gone.yaml", dir.0.join("gone.yaml")).unwrap(); // dangling mid-swap
+    let loaded = config::load_dir(&dir.0, LoadOptions::default()).unwrap();
+    assert_eq!(loaded.files, ["basic.yaml"]);
+    assert!(loaded.policy.domain("test-domain").is_some());
+}
+
+// === `sluice validate DIR` ===
+
+/// Runs `sluice validate ARGS...`, ignoring any MERGE_DOMAIN_CONFIG of the environment.
+fn validate(args: &[&dyn AsRef<OsStr>]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("validate")
+        .args(args.iter().map(|a| a.as_ref()))
+        .env_remove("MERGE_DOMAIN_CONFIG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn validate_command_accepts_the_valid_directory() {
+    let out = validate(&[&fixtures().join("valid")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "all rate limit configs ok"
+    );
+}
+
+#[test]
+fn validate_command_merges_domains_when_asked() {
+    let dir = fixtures().join("duplicate_domain");
+    assert_eq!(validate(&[&dir]).status.code(), Some(1));
+    let out = validate(&[&dir, &"--merge-domain-config"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn validate_merge_flag_before_the_directory_is_a_switch() {
+    let out = validate(&[
+        &"--merge-domain-config",
+        &fixtures().join("duplicate_domain"),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn validate_command_prints_every_error_and_exits_one() {
+    let names = [
+        "bad_unit.yaml",
+        "bad_yaml.yaml",
+        "duplicate_key.yaml",
+        "several_unknown_keys.yaml",
+    ];
+    let dir = TempDir::with_invalid("validate", &names);
+    let out = validate(&[&dir.0]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ok"));
+    let expected: Vec<String> = names
+        .iter()
+        .flat_map(|n| errors_of(n))
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(expected.len(), 6);
+    for line in &expected {
+        assert!(
+            stderr.lines().any(|l| l == line),
+            "missing {line:?} in:\n{stderr}"
+        );
+    }
+}
