@@ -98,11 +98,18 @@ impl Limiter {
             ops: Vec::with_capacity(plans.len()),
             always_admit: self.options.shadow_mode,
         };
+        // Under the global QUOTA_MODE a descriptor without a limit is a quota descriptor that
+        // is never over, so "every quota descriptor is over" cannot happen (the reference
+        // service's rule); quota operations then never reject, exactly like shadow ones.
+        let quota_cannot_fail =
+            self.options.quota_mode && plans.iter().any(|p| matches!(p, Plan::NoLimit));
         for (descriptor, plan) in request.descriptors.iter().zip(&plans) {
             if let Plan::Counted { rule, limit } = plan {
-                batch
-                    .ops
-                    .push(self.counter_op(&request.domain, descriptor, *rule, limit));
+                let mut op = self.counter_op(&request.domain, descriptor, *rule, limit);
+                if quota_cannot_fail && op.role == Role::Quota {
+                    op.role = Role::Shadow;
+                }
+                batch.ops.push(op);
             }
         }
         let applied = if batch.ops.is_empty() {
@@ -111,9 +118,7 @@ impl Limiter {
             Some(self.store.apply(&batch).await?)
         };
 
-        let mut decisions = applied
-            .iter()
-            .flat_map(|a| a.decisions.iter().zip(&batch.ops));
+        let mut decisions = applied.iter().flat_map(|a| a.decisions.iter());
         let admitted = applied.as_ref().is_none_or(|a| a.admitted);
         let statuses = request
             .descriptors
@@ -133,10 +138,11 @@ impl Limiter {
                     reset_after: None,
                 },
                 Plan::Counted { rule, limit } => {
-                    let (decision, op) = decisions
+                    let decision = decisions
                         .next()
                         .expect("one decision per counted descriptor");
-                    let over = !decision.allowed && op.role != Role::Shadow;
+                    let shadow = rule.is_some_and(|r| r.shadow_mode);
+                    let over = !decision.allowed && !shadow;
                     // Hits of an allowed descriptor in a rejected request were not charged.
                     let uncharged = if admitted {
                         0
@@ -190,7 +196,9 @@ impl Limiter {
         });
         let role = match rule {
             Some(r) if r.shadow_mode => Role::Shadow,
-            Some(r) if r.quota_mode || self.options.quota_mode => Role::Quota,
+            Some(r) if r.quota_mode => Role::Quota,
+            // The global switch covers request overrides too, as in the reference service.
+            _ if self.options.quota_mode => Role::Quota,
             _ => Role::Enforce,
         };
         CounterOp {

@@ -344,3 +344,19 @@ async fn a_new_policy_applies_to_the_next_request() {
         0
     );
 }
+
+#[tokio::test]
+async fn global_quota_mode_treats_unlimited_descriptors_as_within_quota() {
+    let (limiter, _) = limiter_with(LimiterOptions {
+        quota_mode: true,
+        ..Default::default()
+    });
+    let closed = || descriptor(&[("closed", "x")], 1);
+    // Alone, the always-over descriptor is every quota descriptor of the request.
+    let r = check(&limiter, vec![closed()]).await;
+    assert_eq!(r.code, Code::OverLimit);
+    // With a descriptor that has no limit (a quota descriptor never over), it is not.
+    let r = check(&limiter, vec![closed(), descriptor(&[("nothing", "x")], 1)]).await;
+    assert_eq!(r.code, Code::Ok);
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+}
