@@ -10,7 +10,7 @@ use sluice::clock::SystemClock;
 use sluice::config::{LoadOptions, load_sources};
 use sluice::limiter::{Descriptor, Entry, Limiter, LimiterOptions, Request};
 use sluice::store::memory::MemoryOptions;
-use sluice::store::{Batch, CounterKey, CounterOp, MemoryStore, Role, Store};
+use sluice::store::{Batch, CounterKey, CounterOp, FailureMode, MemoryStore, Role, Store};
 
 const CONFIG: &str = r#"
 domain: bench
@@ -92,6 +92,7 @@ fn memory_store(c: &mut Criterion) {
                     limit,
                     hits: 1,
                     role: Role::Enforce,
+                    failure_mode: FailureMode::Allow,
                 }],
                 always_admit: false,
             })
@@ -104,6 +105,7 @@ fn memory_store(c: &mut Criterion) {
                     limit,
                     hits: 1,
                     role: Role::Enforce,
+                    failure_mode: FailureMode::Allow,
                 }],
                 always_admit: false,
             };

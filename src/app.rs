@@ -12,14 +12,14 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState, ConfigInfo};
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::config::{self, ConfigError, LoadOptions};
 use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::rls::RlsService;
 use crate::settings::{Backend, Settings};
 use crate::shutdown::Drain;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, OverLimitCache, RedisStore, Resilient, Store};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -86,9 +86,27 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
             Arc::new(MemoryStore::new(settings.memory, Arc::new(SystemClock)))
         }
         Backend::Redis => {
-            return Err(AppError::Serve(
-                "the redis backend is not available in this version".into(),
+            let options = settings
+                .redis
+                .as_ref()
+                .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
+            let redis = RedisStore::new(options).map_err(AppError::Serve)?;
+            tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
+            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+            let resilient: Arc<dyn Store> = Arc::new(Resilient::new(
+                Arc::new(redis),
+                settings.resilience,
+                clock.clone(),
             ));
+            if settings.local_cache_keys > 0 {
+                Arc::new(OverLimitCache::new(
+                    resilient,
+                    settings.local_cache_keys,
+                    clock,
+                ))
+            } else {
+                resilient
+            }
         }
     };
     tracing::info!(

@@ -9,7 +9,10 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::limiter::LimiterOptions;
+use crate::store::FailureMode;
 use crate::store::memory::MemoryOptions;
+use crate::store::redis::{RedisKind, RedisOptions};
+use crate::store::resilient::ResilienceOptions;
 
 /// Validated settings of a serving process.
 #[derive(Debug, Clone)]
@@ -22,6 +25,12 @@ pub struct Settings {
     pub http_addr: SocketAddr,
     /// Where counters live.
     pub backend: Backend,
+    /// Redis connection settings (with `Backend::Redis`).
+    pub redis: Option<RedisOptions>,
+    /// Deadline, circuit breaker and `local` failure mode of a shared store.
+    pub resilience: ResilienceOptions,
+    /// Entries of the local over-limit cache (0: off).
+    pub local_cache_keys: usize,
     /// Global shadow and quota mode.
     pub limiter: LimiterOptions,
     /// Merge files declaring the same domain.
@@ -112,8 +121,91 @@ pub struct ServeArgs {
     /// Counter store [default: redis when REDIS_URL is set, else memory]
     #[arg(long, env = "BACKEND_TYPE", value_enum, ignore_case = true)]
     pub backend: Option<Backend>,
-    #[arg(long, env = "REDIS_URL", hide = true)]
-    redis_url: Option<String>,
+    /// Redis address: redis://, rediss:// (TLS), unix:///path or /path, host:port; for Cluster a comma-separated seed list; for Sentinel 'master-name,host:port,...'
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Redis deployment
+    #[arg(
+        long,
+        env = "REDIS_TYPE",
+        value_enum,
+        ignore_case = true,
+        default_value = "single"
+    )]
+    pub redis_type: RedisKind,
+
+    /// Redis password, or user:password for an ACL user
+    #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
+    pub redis_auth: Option<String>,
+
+    /// Password of the Sentinels themselves
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true)]
+    pub redis_sentinel_auth: Option<String>,
+
+    /// Use TLS for Redis addresses given without a scheme
+    #[arg(long, env = "REDIS_TLS", value_name = "BOOL", num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub redis_tls: bool,
+
+    /// PEM CA bundle for Redis TLS (default: the system roots)
+    #[arg(long, env = "REDIS_TLS_CACERT")]
+    pub redis_tls_cacert: Option<PathBuf>,
+
+    /// PEM client certificate for Redis mutual TLS
+    #[arg(long, env = "REDIS_TLS_CLIENT_CERT")]
+    pub redis_tls_client_cert: Option<PathBuf>,
+
+    /// PEM client key for Redis mutual TLS
+    #[arg(long, env = "REDIS_TLS_CLIENT_KEY")]
+    pub redis_tls_client_key: Option<PathBuf>,
+
+    /// Skip the TLS hostname check (only for test setups)
+    #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", value_name = "BOOL", num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub redis_tls_skip_hostname_verification: bool,
+
+    /// Prefix of every Redis key
+    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
+    pub cache_key_prefix: String,
+
+    /// Multiplexed connections per Redis node
+    #[arg(long, env = "REDIS_POOL_SIZE", default_value = "2")]
+    pub redis_pool_size: usize,
+
+    /// Time allowed to connect to Redis
+    #[arg(long, env = "REDIS_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub redis_connect_timeout: Duration,
+
+    /// Deadline of every store call; past it the failure mode answers
+    #[arg(long, env = "REDIS_DEADLINE", default_value = "15ms", value_parser = parse_duration)]
+    pub redis_deadline: Duration,
+
+    /// Consecutive store failures that open the circuit breaker
+    #[arg(long, env = "REDIS_BREAKER_FAILURES", default_value = "3")]
+    pub redis_breaker_failures: u32,
+
+    /// Time the open breaker waits before trying the store again
+    #[arg(long, env = "REDIS_BREAKER_COOLDOWN", default_value = "250ms", value_parser = parse_duration)]
+    pub redis_breaker_cooldown: Duration,
+
+    /// Failure mode of rules and domains that declare none
+    #[arg(
+        long,
+        env = "FAILURE_MODE",
+        value_enum,
+        ignore_case = true,
+        default_value = "allow"
+    )]
+    pub failure_mode: FailureMode,
+
+    /// Sluice instances sharing the limits; `failure_mode: local` divides each limit by it
+    #[arg(long, env = "FAILURE_MODE_LOCAL_INSTANCES", default_value = "1")]
+    pub failure_mode_local_instances: u64,
+
+    /// Memory for the local over-limit cache, in bytes (0: off)
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value = "16777216")]
+    pub local_cache_size_in_bytes: u64,
 
     /// Never answer OVER_LIMIT overall (per-descriptor statuses still tell the truth)
     #[arg(long, env = "SHADOW_MODE", value_name = "BOOL", num_args = 0..=1, require_equals = true,
@@ -187,10 +279,59 @@ impl ServeArgs {
         } else {
             Backend::Memory
         });
-        if backend == Backend::Redis {
+        let redis = match backend {
+            Backend::Memory => None,
+            Backend::Redis => {
+                let Some(url) = self.redis_url.clone().filter(|u| !u.trim().is_empty()) else {
+                    return Err(SettingsError {
+                        name: "--redis-url (REDIS_URL)".into(),
+                        message: "the redis backend needs a Redis address".into(),
+                    });
+                };
+                if self.redis_pool_size == 0 {
+                    return Err(SettingsError {
+                        name: "--redis-pool-size (REDIS_POOL_SIZE)".into(),
+                        message: "must be at least 1".into(),
+                    });
+                }
+                let options = RedisOptions {
+                    url,
+                    kind: self.redis_type,
+                    auth: self.redis_auth.clone().filter(|a| !a.is_empty()),
+                    sentinel_auth: self.redis_sentinel_auth.clone().filter(|a| !a.is_empty()),
+                    tls: self.redis_tls,
+                    tls_ca: self.redis_tls_cacert.clone(),
+                    tls_cert: self.redis_tls_client_cert.clone(),
+                    tls_key: self.redis_tls_client_key.clone(),
+                    tls_insecure: self.redis_tls_skip_hostname_verification,
+                    key_prefix: self.cache_key_prefix.clone(),
+                    connections: self.redis_pool_size,
+                    connect_timeout: self.redis_connect_timeout,
+                };
+                // Parse the addresses now, so a typo stops startup instead of every request.
+                crate::store::RedisStore::new(&options).map_err(|message| SettingsError {
+                    name: "--redis-url (REDIS_URL) and the REDIS_* settings".into(),
+                    message,
+                })?;
+                Some(options)
+            }
+        };
+        if self.redis_deadline.is_zero() {
             return Err(SettingsError {
-                name: "--backend (BACKEND_TYPE, REDIS_URL)".into(),
-                message: "the redis backend is not available in this version; use memory".into(),
+                name: "--redis-deadline (REDIS_DEADLINE)".into(),
+                message: "must be more than 0".into(),
+            });
+        }
+        if self.redis_breaker_failures == 0 {
+            return Err(SettingsError {
+                name: "--redis-breaker-failures (REDIS_BREAKER_FAILURES)".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        if self.failure_mode_local_instances == 0 {
+            return Err(SettingsError {
+                name: "--failure-mode-local-instances (FAILURE_MODE_LOCAL_INSTANCES)".into(),
+                message: "must be at least 1".into(),
             });
         }
         if !(self.near_limit_ratio > 0.0 && self.near_limit_ratio <= 1.0) {
@@ -226,9 +367,19 @@ impl ServeArgs {
             grpc_addr,
             http_addr,
             backend,
+            redis,
+            resilience: ResilienceOptions {
+                deadline: self.redis_deadline,
+                breaker_failures: self.redis_breaker_failures,
+                breaker_cooldown: self.redis_breaker_cooldown,
+                local_instances: self.failure_mode_local_instances,
+            },
+            // About 128 bytes per entry: a key, an instant and the map's overhead.
+            local_cache_keys: (self.local_cache_size_in_bytes / 128) as usize,
             limiter: LimiterOptions {
                 shadow_mode: self.shadow_mode,
                 quota_mode: self.quota_mode,
+                failure_mode: self.failure_mode,
             },
             merge_domains: self.merge_domain_config,
             memory: MemoryOptions {
@@ -254,6 +405,9 @@ impl Settings {
             grpc_addr: loopback,
             http_addr: loopback,
             backend: Backend::Memory,
+            redis: None,
+            resilience: ResilienceOptions::default(),
+            local_cache_keys: 0,
             limiter: LimiterOptions::default(),
             merge_domains: false,
             memory: MemoryOptions::default(),
@@ -352,6 +506,25 @@ mod tests {
     }
 
     #[test]
+    fn redis_url_selects_the_redis_backend() {
+        let s = settings(&[
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--redis-auth",
+            "user:secret",
+        ])
+        .unwrap();
+        assert_eq!(s.backend, Backend::Redis);
+        let redis = s.redis.unwrap();
+        assert_eq!(redis.kind, RedisKind::Single);
+        assert_eq!(redis.auth.as_deref(), Some("user:secret"));
+        let s = settings(&["--backend", "memory", "--redis-url", "127.0.0.1:6379"]).unwrap();
+        assert_eq!(s.backend, Backend::Memory);
+        let s = settings(&["--redis-url", "a:1,b:2,c:3", "--redis-type", "CLUSTER"]).unwrap();
+        assert_eq!(s.redis.unwrap().kind, RedisKind::Cluster);
+    }
+
+    #[test]
     fn flags_take_addresses_and_the_runtime_layout() {
         let s = settings(&[
             "--grpc-addr",
@@ -377,8 +550,15 @@ mod tests {
         assert!(err.to_string().contains("--grpc-addr"), "{err}");
         let err = settings(&["--log-level", "loud"]).unwrap_err();
         assert!(err.to_string().contains("LOG_LEVEL"), "{err}");
-        let err = settings(&["--backend", "redis"]).unwrap_err();
-        assert!(err.to_string().contains("BACKEND_TYPE"), "{err}");
+        let err = settings(&["--backend", "redis", "--redis-url", ""]).unwrap_err();
+        assert!(err.to_string().contains("REDIS_URL"), "{err}");
+        let err = settings(&["--backend", "redis", "--redis-url", "redis://"]).unwrap_err();
+        assert!(err.to_string().contains("REDIS_URL"), "{err}");
+        let err =
+            settings(&["--redis-type", "sentinel", "--redis-url", "127.0.0.1:26379"]).unwrap_err();
+        assert!(err.to_string().contains("master-name"), "{err}");
+        let err = settings(&["--redis-deadline", "0ms"]).unwrap_err();
+        assert!(err.to_string().contains("REDIS_DEADLINE"), "{err}");
     }
 
     #[test]

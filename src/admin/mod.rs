@@ -122,7 +122,13 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
     if let (Some(tracked), Some(max)) = (store.tracked_keys, store.max_keys) {
         let _ = write!(out, ", {tracked} keys tracked of at most {max}");
     }
-    let _ = writeln!(out, ", {} live keys evicted", store.evicted_keys);
+    if store.tracked_keys.is_some() {
+        let _ = write!(out, ", {} live keys evicted", store.evicted_keys);
+    }
+    if let Some(detail) = &store.detail {
+        let _ = write!(out, ", {detail}");
+    }
+    out.push('\n');
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
 }
 

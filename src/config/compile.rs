@@ -10,6 +10,7 @@ use crate::algorithm::Algorithm;
 use crate::policy::{
     Children, Domain, KeyGroup, Node, Pattern, Policy, RateLimit, Rule, RuleLimit,
 };
+use crate::store::FailureMode;
 
 /// Compiles parsed files, in order, into one policy.
 pub fn compile(
@@ -46,7 +47,19 @@ pub fn compile(
             file,
             errors: &mut errors,
             shared: Vec::new(),
+            failure_mode: None,
         };
+        let file_mode = cx.failure_mode(raw.failure_mode.as_deref(), "failure_mode");
+        if file_mode.is_some() {
+            if domain.failure_mode.is_some_and(|m| Some(m) != file_mode) {
+                cx.error(
+                    "failure_mode",
+                    format!("conflicting failure_mode for merged domain '{name}'"),
+                );
+            }
+            domain.failure_mode = file_mode;
+        }
+        cx.failure_mode = domain.failure_mode;
         let descriptors = raw.descriptors.as_deref().unwrap_or_default();
         cx.level(&mut domain.children, descriptors, "descriptors", name);
     }
@@ -68,12 +81,29 @@ struct Cx<'a> {
     errors: &'a mut Vec<ConfigError>,
     /// `share_threshold` patterns of the levels above the current one.
     shared: Vec<Option<String>>,
+    /// The failure mode in force at the current level (descriptor's, or the file's).
+    failure_mode: Option<FailureMode>,
 }
 
 impl Cx<'_> {
     fn error(&mut self, path: &str, message: impl Into<String>) {
         self.errors
             .push(ConfigError::at_path(self.file, path, message));
+    }
+
+    /// Parses a `failure_mode` value, recording an error for a bad one.
+    fn failure_mode(&mut self, value: Option<&str>, path: &str) -> Option<FailureMode> {
+        let value = value?;
+        let mode = [FailureMode::Allow, FailureMode::Deny, FailureMode::Local]
+            .into_iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(value));
+        if mode.is_none() {
+            self.error(
+                path,
+                format!("invalid failure_mode '{value}' (expected allow, deny or local)"),
+            );
+        }
+        mode
     }
 
     /// Compiles the descriptors of one level into `children`.
@@ -123,6 +153,12 @@ impl Cx<'_> {
                 continue;
             }
 
+            let enclosing_mode = self.failure_mode;
+            if let Some(mode) =
+                self.failure_mode(raw.failure_mode.as_deref(), &format!("{path}.failure_mode"))
+            {
+                self.failure_mode = Some(mode);
+            }
             self.shared.push(
                 pattern
                     .as_ref()
@@ -144,6 +180,7 @@ impl Cx<'_> {
                 &stats_key,
             );
             self.shared.pop();
+            self.failure_mode = enclosing_mode;
 
             match (value, pattern) {
                 (_, Some(pattern)) => group.wildcards.push((pattern, node)),
@@ -220,6 +257,7 @@ impl Cx<'_> {
             detailed_metric: descriptor.detailed_metric,
             value_to_metric: descriptor.value_to_metric,
             shared: self.shared.clone(),
+            failure_mode: self.failure_mode,
         })
     }
 }

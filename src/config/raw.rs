@@ -14,6 +14,9 @@ pub struct RawFile {
     /// Top-level descriptors.
     #[serde(default)]
     pub descriptors: Option<Vec<RawDescriptor>>,
+    /// What every rule of the domain answers while the store fails (Sluice extension).
+    #[serde(default)]
+    pub failure_mode: Option<String>,
 }
 
 /// One descriptor node.
@@ -50,6 +53,9 @@ pub struct RawDescriptor {
     /// Free-form operator metadata; kept out of matching, accepted for compatibility.
     #[serde(default)]
     pub metadata: Option<Value>,
+    /// What this rule (and the rules nested below) answers while the store fails.
+    #[serde(default)]
+    pub failure_mode: Option<String>,
 }
 
 /// `rate_limit:` of a descriptor.
@@ -82,7 +88,7 @@ pub struct RawReplaces {
     pub name: Option<String>,
 }
 
-const FILE_KEYS: &[&str] = &["domain", "descriptors"];
+const FILE_KEYS: &[&str] = &["domain", "descriptors", "failure_mode"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
@@ -94,6 +100,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "value_to_metric",
     "share_threshold",
     "metadata",
+    "failure_mode",
 ];
 const RATE_LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
 const REPLACES_KEYS: &[&str] = &["name"];

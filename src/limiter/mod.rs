@@ -12,7 +12,7 @@ pub use types::{
 
 use crate::algorithm::Algorithm;
 use crate::policy::{EntryRef, Policy, RateLimit, Rule, RuleLimit};
-use crate::store::{Batch, CounterKey, CounterOp, Role, Store, StoreError};
+use crate::store::{Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError};
 
 /// `limit_remaining` reported for `unlimited` rules, as the reference service does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -24,6 +24,9 @@ pub struct LimiterOptions {
     pub shadow_mode: bool,
     /// `QUOTA_MODE`: every descriptor is a quota descriptor.
     pub quota_mode: bool,
+    /// What rules without a `failure_mode` (theirs or their domain's) answer while the store
+    /// fails.
+    pub failure_mode: FailureMode,
 }
 
 /// Why a request got no answer.
@@ -101,11 +104,13 @@ impl Limiter {
         // Under the global QUOTA_MODE a descriptor without a limit is a quota descriptor that
         // is never over, so "every quota descriptor is over" cannot happen (the reference
         // service's rule); quota operations then never reject, exactly like shadow ones.
+        let domain_mode = policy.domain(&request.domain).and_then(|d| d.failure_mode);
         let quota_cannot_fail =
             self.options.quota_mode && plans.iter().any(|p| matches!(p, Plan::NoLimit));
         for (descriptor, plan) in request.descriptors.iter().zip(&plans) {
             if let Plan::Counted { rule, limit } = plan {
-                let mut op = self.counter_op(&request.domain, descriptor, *rule, limit);
+                let mut op =
+                    self.counter_op(&request.domain, descriptor, *rule, limit, domain_mode);
                 if quota_cannot_fail && op.role == Role::Quota {
                     op.role = Role::Shadow;
                 }
@@ -184,6 +189,7 @@ impl Limiter {
         descriptor: &Descriptor,
         rule: Option<&Rule>,
         limit: &RateLimit,
+        domain_mode: Option<FailureMode>,
     ) -> CounterOp {
         let algorithm_limit = limit.algorithm_limit();
         // `share_threshold` levels count under their pattern, so all matching values share
@@ -206,6 +212,10 @@ impl Limiter {
             limit: algorithm_limit,
             hits: descriptor.hits,
             role,
+            failure_mode: rule
+                .and_then(|r| r.failure_mode)
+                .or(domain_mode)
+                .unwrap_or(self.options.failure_mode),
         }
     }
 }

@@ -14,6 +14,7 @@ pub use pattern::Pattern;
 pub use unit::Unit;
 
 use crate::algorithm::{self, Algorithm};
+use crate::store::FailureMode;
 
 /// All loaded domains.
 #[derive(Debug, Default)]
@@ -25,6 +26,8 @@ pub struct Policy {
 #[derive(Debug, Default)]
 pub struct Domain {
     pub(crate) children: Children,
+    /// The file's `failure_mode`, for rules without their own and for request overrides.
+    pub failure_mode: Option<FailureMode>,
 }
 
 /// One level of a descriptor tree: the children of a node, grouped by entry key.
@@ -74,6 +77,9 @@ pub struct Rule {
     /// Per descriptor level on the path to this rule: the wildcard pattern when that level
     /// has `share_threshold: true` (all matching values share one counter), else `None`.
     pub shared: Vec<Option<String>>,
+    /// What to answer while the store fails: the rule's own (or an enclosing descriptor's)
+    /// `failure_mode`, else the domain's; `None` for the process default.
+    pub failure_mode: Option<FailureMode>,
 }
 
 /// The limit a rule enforces.
@@ -159,6 +165,9 @@ impl Policy {
             };
             if let Some(name) = &rule.name {
                 let _ = write!(out, ", name: {name}");
+            }
+            if let Some(mode) = rule.failure_mode {
+                let _ = write!(out, ", failure_mode: {}", mode.as_str());
             }
             out.push('\n');
         }

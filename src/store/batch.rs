@@ -25,6 +25,31 @@ pub struct CounterOp {
     pub hits: i64,
     /// How this operation's decision counts.
     pub role: Role,
+    /// What to answer for this counter when the store fails.
+    pub failure_mode: FailureMode,
+}
+
+/// What a rule answers while its store is failing (`failure_mode:` in the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FailureMode {
+    /// Fail open: admit (the default; counted and logged).
+    #[default]
+    Allow,
+    /// Fail closed: reject (login, SMS, anything that costs money).
+    Deny,
+    /// Count in this instance's memory, with the limit divided by the number of instances.
+    Local,
+}
+
+impl FailureMode {
+    /// The name used in config files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Allow => "allow",
+            FailureMode::Deny => "deny",
+            FailureMode::Local => "local",
+        }
+    }
 }
 
 /// All counter operations of one request.
@@ -43,6 +68,8 @@ pub struct Applied {
     pub decisions: Vec<Decision>,
     /// Whether the request was admitted, i.e. the allowed hits were charged.
     pub admitted: bool,
+    /// Whether the decisions came from the failure policy rather than the store.
+    pub degraded: bool,
 }
 
 /// Whether a request whose operations got `decisions` is admitted.

@@ -169,6 +169,7 @@ impl MemoryStore {
         Applied {
             decisions,
             admitted,
+            degraded: false,
         }
     }
 }
@@ -205,6 +206,8 @@ impl Store for MemoryStore {
             tracked_keys: Some(self.len()),
             max_keys: Some(self.shared.max_keys),
             evicted_keys: self.shared.evicted.load(Ordering::Relaxed),
+            healthy: true,
+            detail: None,
         }
     }
 }

@@ -3,17 +3,26 @@
 //! OVER_LIMIT charges nothing on any of its descriptors.
 //!
 //! - [`memory`]: sharded in-process map, the embedded default (one instance only).
+//! - [`redis`]: Redis, Redis Cluster or Sentinel: one limit for the whole fleet.
+//! - [`resilient`]: deadline, circuit breaker and `failure_mode` around a shared store.
+//! - [`overlimit`]: answers keys known to be over the limit without a store round trip.
 
 mod batch;
 mod key;
 pub mod memory;
+pub mod overlimit;
+pub mod redis;
+pub mod resilient;
 
 use std::future::Future;
 use std::pin::Pin;
 
-pub use batch::{Applied, Batch, CounterOp, Role, admitted};
+pub use batch::{Applied, Batch, CounterOp, FailureMode, Role, admitted};
 pub use key::CounterKey;
 pub use memory::MemoryStore;
+pub use overlimit::OverLimitCache;
+pub use redis::RedisStore;
+pub use resilient::Resilient;
 
 /// A boxed future, so that [`Store`] stays object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -39,6 +48,10 @@ pub struct StoreStatus {
     pub max_keys: Option<u64>,
     /// Live counters dropped because the cap was reached.
     pub evicted_keys: u64,
+    /// Whether the store answers (false while a failure policy is in force).
+    pub healthy: bool,
+    /// A line on the store's state, e.g. the breaker and failure-mode answers.
+    pub detail: Option<String>,
 }
 
 /// A store call that failed.

@@ -1,7 +1,7 @@
 use super::*;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::ManualClock;
-use crate::store::{CounterOp, Role};
+use crate::store::{CounterOp, FailureMode, Role};
 
 const PER_MINUTE_2: Limit = Limit {
     requests: 2,
@@ -23,6 +23,7 @@ fn op(name: &str, hits: i64) -> CounterOp {
         limit: PER_MINUTE_2,
         hits,
         role: Role::Enforce,
+        failure_mode: FailureMode::Allow,
     }
 }
 
@@ -115,6 +116,7 @@ async fn concurrent_requests_never_admit_more_than_the_limit() {
                         limit,
                         hits: 1,
                         role: Role::Enforce,
+                        failure_mode: FailureMode::Allow,
                     }],
                     always_admit: false,
                 };

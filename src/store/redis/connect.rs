@@ -1,0 +1,378 @@
+//! Connections to Redis: a single node (TCP, TLS or unix socket), a Cluster, or the master
+//! named by Sentinel. Connections are multiplexed and pipelined (every request shares a few
+//! of them), made lazily, and remade after failures, so Sluice starts and serves by its
+//! failure policy even while Redis is down.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
+
+use crate::store::StoreError;
+
+/// How Redis is deployed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RedisKind {
+    /// One server (or a proxy in front of several).
+    Single,
+    /// Redis Cluster: counters spread over the masters by hash slot.
+    Cluster,
+    /// A master found through Sentinel.
+    Sentinel,
+}
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://`, `rediss://`, `unix:///path`, `/path`, `host:port`; for Cluster a
+    /// comma-separated seed list; for Sentinel `master-name,sentinel1:port,sentinel2:port`.
+    pub url: String,
+    /// Single, Cluster or Sentinel.
+    pub kind: RedisKind,
+    /// `password` or `user:password` (`REDIS_AUTH`).
+    pub auth: Option<String>,
+    /// Password for the Sentinels themselves (`REDIS_SENTINEL_AUTH`).
+    pub sentinel_auth: Option<String>,
+    /// Use TLS for addresses given without a scheme (`REDIS_TLS`).
+    pub tls: bool,
+    /// PEM CA bundle to trust instead of the system roots.
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate (mutual TLS).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM client key (mutual TLS).
+    pub tls_key: Option<PathBuf>,
+    /// Skip hostname verification (`REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`).
+    pub tls_insecure: bool,
+    /// Prefix of every key (`CACHE_KEY_PREFIX`).
+    pub key_prefix: String,
+    /// Multiplexed connections per node.
+    pub connections: usize,
+    /// Time allowed to establish a connection.
+    pub connect_timeout: Duration,
+}
+
+/// Makes and keeps connections.
+pub(super) struct Connector {
+    inner: Arc<Inner>,
+    next: AtomicUsize,
+}
+
+struct Inner {
+    target: Target,
+    slots: Vec<Slot>,
+    connect_timeout: Duration,
+}
+
+/// One connection, made in the background: a request waiting for it may give up at its
+/// deadline without abandoning the connection attempt (a slow TLS handshake still finishes).
+struct Slot {
+    conn: RwLock<Option<ConnHandle>>,
+    connecting: AtomicBool,
+    ready: Notify,
+    last_error: Mutex<String>,
+}
+
+/// A multiplexed connection handle, cheap to clone.
+#[derive(Clone)]
+pub(super) enum ConnHandle {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+enum Target {
+    Node(Client),
+    Cluster(ClusterClient),
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+impl Connector {
+    /// Validates the options and prepares clients; connects nothing yet.
+    pub fn new(options: &RedisOptions) -> Result<Self, String> {
+        let certs = tls_certificates(options)?;
+        let target = match options.kind {
+            RedisKind::Single => {
+                let info = connection_info(options, options.url.trim())?;
+                Target::Node(build_client(info, &certs)?)
+            }
+            RedisKind::Cluster => {
+                let seeds = options
+                    .url
+                    .split(',')
+                    .map(|s| connection_info(options, s.trim()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let tls = seeds
+                    .first()
+                    .is_some_and(|i| matches!(i.addr(), ConnectionAddr::TcpTls { .. }));
+                let mut builder = ClusterClient::builder(seeds)
+                    .connection_timeout(options.connect_timeout)
+                    .retries(1);
+                if tls {
+                    builder = builder.certs(certs.clone());
+                }
+                Target::Cluster(
+                    builder
+                        .build()
+                        .map_err(|e| format!("invalid cluster seeds: {e}"))?,
+                )
+            }
+            RedisKind::Sentinel => {
+                let mut parts = options.url.split(',').map(str::trim);
+                let master = parts
+                    .next()
+                    .filter(|m| !m.is_empty() && !m.contains(':'))
+                    .ok_or(
+                        "sentinel REDIS_URL must be 'master-name,host:port[,host:port...]'"
+                            .to_owned(),
+                    )?;
+                let sentinels = parts
+                    .map(|s| {
+                        let mut info = connection_info(options, s)?;
+                        if let Some(auth) = &options.sentinel_auth {
+                            info = with_auth(info, auth);
+                        }
+                        Ok(info)
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                if sentinels.is_empty() {
+                    return Err("sentinel REDIS_URL names no sentinel address".into());
+                }
+                let node = connection_info(options, "127.0.0.1:6379")?;
+                let mut node_info = SentinelNodeConnectionInfo::default();
+                node_info = node_info.set_redis_connection_info(node.redis_settings().clone());
+                let client = SentinelClient::build(
+                    sentinels,
+                    master,
+                    Some(node_info),
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| format!("invalid sentinel settings: {e}"))?;
+                Target::Sentinel(tokio::sync::Mutex::new(client))
+            }
+        };
+        let slots = (0..options.connections.max(1))
+            .map(|_| Slot {
+                conn: RwLock::new(None),
+                connecting: AtomicBool::new(false),
+                ready: Notify::new(),
+                last_error: Mutex::new("not connected yet".into()),
+            })
+            .collect();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                target,
+                slots,
+                connect_timeout: options.connect_timeout,
+            }),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// A connection (round robin over the slots), waiting for it to be made if needed.
+    pub async fn get(&self) -> Result<(usize, ConnHandle), StoreError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
+        let slot = &self.inner.slots[i];
+        if let Some(conn) = slot.current() {
+            return Ok((i, conn));
+        }
+        // Registered before the attempt starts, so its completion cannot be missed.
+        let ready = slot.ready.notified();
+        if !slot.connecting.swap(true, Ordering::AcqRel) {
+            let inner = self.inner.clone();
+            tokio::spawn(async move {
+                let result = tokio::time::timeout(inner.connect_timeout, inner.connect()).await;
+                let slot = &inner.slots[i];
+                match result {
+                    Ok(Ok(conn)) => {
+                        *slot.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+                        tracing::info!(connection = i, "connected to redis");
+                    }
+                    Ok(Err(e)) => slot.failed(e.to_string()),
+                    Err(_) => slot.failed("timed out connecting to redis".into()),
+                }
+                slot.connecting.store(false, Ordering::Release);
+                slot.ready.notify_waiters();
+            });
+        }
+        ready.await;
+        slot.current().map(|conn| (i, conn)).ok_or_else(|| {
+            StoreError::Unavailable(
+                slot.last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone(),
+            )
+        })
+    }
+
+    /// Forgets connection `i` so that the next use makes a new one (after errors that
+    /// reconnecting the same address will not fix, e.g. a Sentinel failover).
+    pub fn reset(&self, i: usize) {
+        if matches!(self.inner.target, Target::Sentinel(_)) {
+            *self.inner.slots[i]
+                .conn
+                .write()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+
+    /// Whether this is a Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.target, Target::Cluster(_))
+    }
+}
+
+impl Slot {
+    fn current(&self) -> Option<ConnHandle> {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn failed(&self, error: String) {
+        tracing::warn!(%error, "cannot connect to redis");
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+}
+
+impl Inner {
+    async fn connect(&self) -> Result<ConnHandle, StoreError> {
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None)
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(200));
+        match &self.target {
+            Target::Node(client) => client
+                .get_connection_manager_with_config(manager_config)
+                .await
+                .map(ConnHandle::Node)
+                .map_err(StoreError::from),
+            Target::Cluster(client) => client
+                .get_async_connection()
+                .await
+                .map(ConnHandle::Cluster)
+                .map_err(StoreError::from),
+            Target::Sentinel(sentinel) => {
+                let client = sentinel.lock().await.async_get_client().await?;
+                client
+                    .get_connection_manager_with_config(manager_config)
+                    .await
+                    .map(ConnHandle::Node)
+                    .map_err(StoreError::from)
+            }
+        }
+    }
+}
+
+impl From<redis::RedisError> for StoreError {
+    fn from(e: redis::RedisError) -> Self {
+        // Connection, timeout and cluster-topology errors pass; a script or data error will
+        // not go away by retrying.
+        if e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_cluster_error()
+            || matches!(
+                e.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                    | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                    | redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
+                    | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
+                    | redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            )
+        {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Internal(e.to_string())
+        }
+    }
+}
+
+/// Parses one address of `REDIS_URL`, applying `REDIS_TLS` and `REDIS_AUTH`.
+fn connection_info(options: &RedisOptions, text: &str) -> Result<ConnectionInfo, String> {
+    if text.is_empty() {
+        return Err("REDIS_URL is empty".into());
+    }
+    let url = if text.contains("://") {
+        text.to_owned()
+    } else if text.starts_with('/') {
+        format!("unix://{text}")
+    } else if options.tls {
+        format!("rediss://{text}")
+    } else {
+        format!("redis://{text}")
+    };
+    let mut info = url
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| format!("invalid redis address '{text}': {e}"))?;
+    if options.tls_insecure
+        && let ConnectionAddr::TcpTls {
+            host,
+            port,
+            tls_params,
+            ..
+        } = info.addr().clone()
+    {
+        info = info.set_addr(ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: true,
+            tls_params,
+        });
+    }
+    if let Some(auth) = &options.auth {
+        info = with_auth(info, auth);
+    }
+    Ok(info)
+}
+
+fn with_auth(info: ConnectionInfo, auth: &str) -> ConnectionInfo {
+    let settings = info.redis_settings().clone();
+    let settings = match auth.split_once(':') {
+        Some((user, password)) => settings.set_username(user).set_password(password),
+        None => settings.set_password(auth),
+    };
+    info.set_redis_settings(settings)
+}
+
+fn tls_certificates(options: &RedisOptions) -> Result<TlsCertificates, String> {
+    let read = |what: &str, path: &PathBuf| {
+        std::fs::read(path).map_err(|e| format!("cannot read {what} '{}': {e}", path.display()))
+    };
+    let root_cert = options
+        .tls_ca
+        .as_ref()
+        .map(|p| read("REDIS_TLS_CACERT", p))
+        .transpose()?;
+    let client_tls = match (&options.tls_cert, &options.tls_key) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("REDIS_TLS_CLIENT_CERT", cert)?,
+            client_key: read("REDIS_TLS_CLIENT_KEY", key)?,
+        }),
+        (None, None) => None,
+        _ => return Err("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together".into()),
+    };
+    Ok(TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+fn build_client(info: ConnectionInfo, certs: &TlsCertificates) -> Result<Client, String> {
+    let result = if matches!(info.addr(), ConnectionAddr::TcpTls { .. })
+        && (certs.root_cert.is_some() || certs.client_tls.is_some())
+    {
+        Client::build_with_tls(info, certs.clone())
+    } else {
+        Client::open(info)
+    };
+    result.map_err(|e| format!("invalid redis settings: {e}"))
+}
