@@ -21,7 +21,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the RateLimitService (gRPC) and the admin HTTP endpoints
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a config directory: exit 0 when valid, 1 with every error otherwise
     Validate {
         /// The config directory

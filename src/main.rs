@@ -24,7 +24,7 @@ async fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => serve(*args).await,
         Command::Validate {
             dir,
             merge_domain_config,

@@ -1,0 +1,360 @@
+//! One contract for every store: the memory store, Redis, and a three-master Redis Cluster
+//! answer the same batches the same way (DESIGN §3–§5). Redis cases run against real
+//! redis-server processes started by the tests.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis::{RedisCluster, RedisServer};
+use sluice::algorithm::{Algorithm, Limit, SECOND};
+use sluice::clock::SystemClock;
+use sluice::store::memory::MemoryOptions;
+use sluice::store::redis::{RedisKind, RedisOptions};
+use sluice::store::{
+    Applied, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store,
+};
+
+const HOUR: u64 = 3600 * SECOND;
+
+fn limit(requests: u64) -> Limit {
+    Limit {
+        requests,
+        window: HOUR,
+        algorithm: Algorithm::FixedWindow,
+    }
+}
+
+/// A namespace per test, so tests share servers without sharing counters.
+fn namespace(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{test}-{}-{nanos}", std::process::id())
+}
+
+fn op(ns: &str, name: &str, requests: u64, hits: i64, role: Role) -> CounterOp {
+    let limit = limit(requests);
+    CounterOp {
+        key: CounterKey::new(ns, [("k", name)], &limit),
+        limit,
+        hits,
+        role,
+        failure_mode: FailureMode::Allow,
+    }
+}
+
+async fn apply(store: &dyn Store, ops: Vec<CounterOp>) -> Applied {
+    store
+        .apply(&Batch {
+            ops,
+            always_admit: false,
+        })
+        .await
+        .unwrap()
+}
+
+/// Remaining budget of a counter, without charging it.
+async fn remaining(store: &dyn Store, ns: &str, name: &str, requests: u64) -> u64 {
+    apply(store, vec![op(ns, name, requests, 0, Role::Enforce)])
+        .await
+        .decisions[0]
+        .remaining
+}
+
+// === the contract ===
+
+async fn admits_exactly_the_limit(store: &dyn Store) {
+    let ns = namespace("exact");
+    let mut remaining = Vec::new();
+    for _ in 0..7 {
+        let applied = apply(store, vec![op(&ns, "a", 5, 1, Role::Enforce)]).await;
+        remaining.push((applied.admitted, applied.decisions[0].remaining));
+    }
+    assert_eq!(
+        remaining,
+        [
+            (true, 4),
+            (true, 3),
+            (true, 2),
+            (true, 1),
+            (true, 0),
+            (false, 0),
+            (false, 0)
+        ]
+    );
+    let rejected = apply(store, vec![op(&ns, "a", 5, 1, Role::Enforce)])
+        .await
+        .decisions[0];
+    let retry = rejected.retry_after.unwrap();
+    assert!(retry > 0 && retry <= HOUR, "{retry}");
+    assert_eq!(rejected.reset_after, retry);
+}
+
+async fn a_rejected_batch_charges_nothing(store: &dyn Store) {
+    let ns = namespace("nothing");
+    let applied = apply(
+        store,
+        vec![
+            op(&ns, "a", 5, 1, Role::Enforce),
+            op(&ns, "closed", 0, 1, Role::Enforce),
+        ],
+    )
+    .await;
+    assert!(!applied.admitted);
+    assert!(applied.decisions[0].allowed && !applied.decisions[1].allowed);
+    assert_eq!(remaining(store, &ns, "a", 5).await, 5);
+}
+
+async fn many_counters_are_all_or_nothing(store: &dyn Store) {
+    // Ten counters spread over Cluster slots; the last one is full.
+    let ns = namespace("spread");
+    apply(store, vec![op(&ns, "full", 1, 1, Role::Enforce)]).await;
+    let mut ops: Vec<CounterOp> = (0..10)
+        .map(|i| op(&ns, &format!("c{i}"), 3, 1, Role::Enforce))
+        .collect();
+    ops.push(op(&ns, "full", 1, 1, Role::Enforce));
+    assert!(!apply(store, ops).await.admitted);
+    for i in 0..10 {
+        assert_eq!(
+            remaining(store, &ns, &format!("c{i}"), 3).await,
+            3,
+            "counter c{i}"
+        );
+    }
+}
+
+async fn one_counter_twice_in_a_batch(store: &dyn Store) {
+    let ns = namespace("twice");
+    let applied = apply(
+        store,
+        vec![
+            op(&ns, "a", 3, 2, Role::Enforce),
+            op(&ns, "a", 3, 2, Role::Enforce),
+        ],
+    )
+    .await;
+    assert!(applied.decisions[0].allowed);
+    assert!(!applied.decisions[1].allowed);
+    assert_eq!(applied.decisions[1].remaining, 1);
+    assert!(!applied.admitted);
+    assert_eq!(remaining(store, &ns, "a", 3).await, 3);
+}
+
+async fn refunds_never_exceed_the_limit(store: &dyn Store) {
+    let ns = namespace("refund");
+    apply(store, vec![op(&ns, "a", 5, 3, Role::Enforce)]).await;
+    let refund = apply(store, vec![op(&ns, "a", 5, -2, Role::Enforce)]).await;
+    assert!(refund.admitted);
+    assert_eq!(refund.decisions[0].remaining, 4);
+    apply(store, vec![op(&ns, "a", 5, -100, Role::Enforce)]).await;
+    assert_eq!(remaining(store, &ns, "a", 5).await, 5);
+}
+
+async fn refunds_apply_even_in_a_rejected_batch(store: &dyn Store) {
+    let ns = namespace("refund-rejected");
+    apply(store, vec![op(&ns, "a", 5, 3, Role::Enforce)]).await;
+    let applied = apply(
+        store,
+        vec![
+            op(&ns, "a", 5, -1, Role::Enforce),
+            op(&ns, "closed", 0, 1, Role::Enforce),
+        ],
+    )
+    .await;
+    assert!(!applied.admitted);
+    assert_eq!(remaining(store, &ns, "a", 5).await, 3);
+}
+
+async fn zero_hits_peek(store: &dyn Store) {
+    let ns = namespace("peek");
+    apply(store, vec![op(&ns, "a", 2, 2, Role::Enforce)]).await;
+    let peek = apply(store, vec![op(&ns, "a", 2, 0, Role::Enforce)]).await;
+    assert!(peek.admitted && peek.decisions[0].allowed);
+    assert_eq!(peek.decisions[0].remaining, 0);
+    assert!(
+        !apply(store, vec![op(&ns, "a", 2, 1, Role::Enforce)])
+            .await
+            .admitted
+    );
+}
+
+async fn shadow_and_quota_roles(store: &dyn Store) {
+    let ns = namespace("roles");
+    let shadow_over = apply(
+        store,
+        vec![
+            op(&ns, "s", 0, 1, Role::Shadow),
+            op(&ns, "e", 5, 1, Role::Enforce),
+        ],
+    )
+    .await;
+    assert!(shadow_over.admitted);
+    assert!(!shadow_over.decisions[0].allowed);
+    assert_eq!(remaining(store, &ns, "e", 5).await, 4);
+
+    let one_quota_left = apply(
+        store,
+        vec![
+            op(&ns, "q0", 0, 1, Role::Quota),
+            op(&ns, "q1", 5, 1, Role::Quota),
+        ],
+    )
+    .await;
+    assert!(one_quota_left.admitted);
+    let all_quota_over = apply(
+        store,
+        vec![
+            op(&ns, "q0", 0, 1, Role::Quota),
+            op(&ns, "q2", 0, 1, Role::Quota),
+            op(&ns, "e", 5, 1, Role::Enforce),
+        ],
+    )
+    .await;
+    assert!(!all_quota_over.admitted);
+    assert_eq!(remaining(store, &ns, "e", 5).await, 4);
+}
+
+async fn always_admit_charges_what_fits(store: &dyn Store) {
+    let ns = namespace("always");
+    let applied = store
+        .apply(&Batch {
+            ops: vec![
+                op(&ns, "closed", 0, 1, Role::Enforce),
+                op(&ns, "a", 5, 1, Role::Enforce),
+            ],
+            always_admit: true,
+        })
+        .await
+        .unwrap();
+    assert!(applied.admitted);
+    assert!(!applied.decisions[0].allowed);
+    assert_eq!(remaining(store, &ns, "a", 5).await, 4);
+}
+
+async fn more_hits_than_the_limit_never_pass(store: &dyn Store) {
+    let ns = namespace("huge");
+    let applied = apply(store, vec![op(&ns, "a", 5, 6, Role::Enforce)]).await;
+    assert!(!applied.admitted);
+    assert_eq!(applied.decisions[0].retry_after, None);
+    assert_eq!(applied.decisions[0].remaining, 5);
+}
+
+async fn windows_end_on_unit_boundaries(store: &dyn Store) {
+    let ns = namespace("window");
+    let second = Limit {
+        requests: 1,
+        window: SECOND,
+        algorithm: Algorithm::FixedWindow,
+    };
+    let one = || CounterOp {
+        key: CounterKey::new(&ns, [("k", "s")], &second),
+        limit: second,
+        hits: 1,
+        role: Role::Enforce,
+        failure_mode: FailureMode::Allow,
+    };
+    let first = apply(store, vec![one()]).await;
+    let reset = first.decisions[0].reset_after;
+    assert!(reset > 0 && reset <= SECOND, "{reset}");
+    // Wait for the next second: the counter starts again from zero.
+    tokio::time::sleep(Duration::from_micros(reset + 20_000)).await;
+    assert!(apply(store, vec![one()]).await.admitted);
+}
+
+async fn run_all(store: &dyn Store) {
+    admits_exactly_the_limit(store).await;
+    a_rejected_batch_charges_nothing(store).await;
+    many_counters_are_all_or_nothing(store).await;
+    one_counter_twice_in_a_batch(store).await;
+    refunds_never_exceed_the_limit(store).await;
+    refunds_apply_even_in_a_rejected_batch(store).await;
+    zero_hits_peek(store).await;
+    shadow_and_quota_roles(store).await;
+    always_admit_charges_what_fits(store).await;
+    more_hits_than_the_limit_never_pass(store).await;
+    windows_end_on_unit_boundaries(store).await;
+}
+
+// === the stores ===
+
+fn redis_options(url: String, kind: RedisKind) -> RedisOptions {
+    RedisOptions {
+        url,
+        kind,
+        auth: None,
+        sentinel_auth: None,
+        tls: false,
+        tls_ca: None,
+        tls_cert: None,
+        tls_key: None,
+        tls_insecure: false,
+        key_prefix: "contract:".into(),
+        connections: 2,
+        connect_timeout: Duration::from_secs(2),
+    }
+}
+
+#[tokio::test]
+async fn memory_store_keeps_the_contract() {
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    run_all(&store).await;
+}
+
+#[tokio::test]
+async fn redis_store_keeps_the_contract() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&redis_options(redis.url(), RedisKind::Single)).unwrap();
+    run_all(&store).await;
+    // One script call per request: the contract above sends 40-odd requests.
+    let stats = redis.command(&["INFO", "commandstats"]);
+    assert!(
+        !stats.contains("cmdstat_get:"),
+        "counters are read by the script only: {stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_store_keeps_the_contract() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::new(&redis_options(cluster.url(), RedisKind::Cluster)).unwrap();
+    run_all(&store).await;
+}
+
+#[tokio::test]
+async fn redis_reloads_its_script_after_a_restart() {
+    let mut redis = RedisServer::start();
+    let store = RedisStore::new(&redis_options(redis.url(), RedisKind::Single)).unwrap();
+    let ns = namespace("restart");
+    assert!(
+        apply(&store, vec![op(&ns, "a", 5, 1, Role::Enforce)])
+            .await
+            .admitted
+    );
+    redis.restart();
+    // The first call after the restart may fail while the connection is remade; then the
+    // script is loaded again (NOSCRIPT → EVAL) and counting starts from an empty server.
+    let mut answered = None;
+    for _ in 0..50 {
+        match store
+            .apply(&Batch {
+                ops: vec![op(&ns, "a", 5, 1, Role::Enforce)],
+                always_admit: false,
+            })
+            .await
+        {
+            Ok(applied) => {
+                answered = Some(applied);
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_transient(), "{e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    let applied = answered.expect("redis answers again after a restart");
+    assert_eq!(applied.decisions[0].remaining, 4);
+}
