@@ -2,8 +2,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+
+use common::SluiceProcess;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -16,44 +17,6 @@ fn sluice(args: &[&str]) -> std::process::Output {
         .env_remove("BACKEND_TYPE")
         .output()
         .unwrap()
-}
-
-/// A `sluice serve` process on ports chosen by the OS, and the addresses it logged.
-struct Served {
-    child: Child,
-    grpc: String,
-}
-
-fn serve(dir: &std::path::Path) -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(dir)
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .env("LOG_FORMAT", "text")
-        .env("LOG_LEVEL", "info")
-        .env_remove("REDIS_URL")
-        .env_remove("BACKEND_TYPE")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The "serving" log line is the readiness signal and names the bound ports.
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    for line in stderr.lines() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("grpc=").nth(1) {
-            let grpc = rest.split_whitespace().next().unwrap().to_owned();
-            return Served { child, grpc };
-        }
-    }
-    panic!("sluice serve exited before serving: {:?}", child.wait());
-}
-
-fn sigterm(child: &Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 #[test]
@@ -141,7 +104,7 @@ fn a_missing_config_directory_is_a_startup_error() {
 #[test]
 fn check_prints_the_answer_and_exits_by_code_then_sigterm_exits_zero() {
     let dir = common::config_dir("cli-serve", &[("c.yaml", CONFIG)]);
-    let mut served = serve(&dir);
+    let mut served = SluiceProcess::spawn(&dir, &[]);
     let check = |value: &str| {
         sluice(&[
             "check",
@@ -175,7 +138,7 @@ fn check_prints_the_answer_and_exits_by_code_then_sigterm_exits_zero() {
     ]);
     assert_eq!(bad.status.code(), Some(64));
 
-    sigterm(&served.child);
+    served.terminate();
     let status = served.child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
 }
@@ -189,7 +152,7 @@ fn bench_reports_throughput_and_latency() {
             "domain: bench\ndescriptors:\n  - key: bench_key\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n",
         )],
     );
-    let mut served = serve(&dir);
+    let mut served = SluiceProcess::spawn(&dir, &[]);
     let out = sluice(&[
         "bench",
         "--addr",
@@ -216,6 +179,6 @@ fn bench_reports_throughput_and_latency() {
         "{stdout}"
     );
     assert!(stdout.contains("p99 "), "{stdout}");
-    sigterm(&served.child);
+    served.terminate();
     served.child.wait().unwrap();
 }

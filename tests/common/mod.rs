@@ -201,3 +201,58 @@ fn dechunk(mut body: &str) -> String {
     }
     out
 }
+
+/// A `sluice serve` process on ports chosen by the OS; killed on drop.
+pub struct SluiceProcess {
+    pub child: std::process::Child,
+    /// `127.0.0.1:PORT` of its gRPC listener.
+    pub grpc: String,
+}
+
+impl SluiceProcess {
+    /// Runs `sluice serve --config DIR` with `args`, and waits for its "serving" log line
+    /// (the readiness signal, which names the bound ports).
+    pub fn spawn(dir: &std::path::Path, args: &[&str]) -> Self {
+        use std::io::{BufRead, BufReader};
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config"])
+            .arg(dir)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(args)
+            .env("LOG_FORMAT", "text")
+            .env("LOG_LEVEL", "info")
+            .env_remove("REDIS_URL")
+            .env_remove("BACKEND_TYPE")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut lines = stderr.lines();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(rest) = line.split("grpc=").nth(1) {
+                let grpc = rest.split_whitespace().next().unwrap().to_owned();
+                // Keep draining the log so the process never blocks on a full pipe.
+                std::thread::spawn(move || lines.for_each(drop));
+                return Self { child, grpc };
+            }
+        }
+        panic!("sluice serve exited before serving: {:?}", child.wait());
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for SluiceProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
