@@ -1,0 +1,181 @@
+//! The failure policy against a real Redis that is paused (SIGSTOP), resumed, killed and
+//! restarted: answers keep coming without waiting on Redis, follow each domain's
+//! `failure_mode`, and counting resumes when Redis returns, without a restart.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::RedisServer;
+use common::{TestServer, config_dir, descriptor, http_get, request, should_rate_limit};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::settings::{Backend, Settings};
+use sluice::store::redis::{RedisKind, RedisOptions};
+use sluice::store::resilient::ResilienceOptions;
+use tonic::transport::Channel;
+
+const OPEN: &str = "domain: open\nfailure_mode: allow\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 2}\n";
+const CLOSED: &str = "domain: closed\nfailure_mode: deny\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 2}\n";
+const LOCAL: &str = "domain: local\ndescriptors:\n  - key: k\n    failure_mode: local\n    rate_limit: {unit: day, requests_per_unit: 6}\n";
+
+/// Generous for a loaded CI machine, still far below the reference service's 10 s.
+const DEADLINE: Duration = Duration::from_millis(100);
+
+async fn server(redis: &RedisServer) -> TestServer {
+    let mut settings = Settings::for_tests(config_dir(
+        "failure",
+        &[
+            ("open.yaml", OPEN),
+            ("closed.yaml", CLOSED),
+            ("local.yaml", LOCAL),
+        ],
+    ));
+    settings.backend = Backend::Redis;
+    settings.redis = Some(RedisOptions {
+        url: redis.url(),
+        kind: RedisKind::Single,
+        auth: None,
+        sentinel_auth: None,
+        tls: false,
+        tls_ca: None,
+        tls_cert: None,
+        tls_key: None,
+        tls_insecure: false,
+        key_prefix: String::new(),
+        connections: 1,
+        connect_timeout: Duration::from_secs(1),
+    });
+    settings.resilience = ResilienceOptions {
+        deadline: DEADLINE,
+        breaker_failures: 3,
+        breaker_cooldown: Duration::from_millis(100),
+        // `local` counts a third of each limit: three instances share it.
+        local_instances: 3,
+    };
+    TestServer::start_with(settings).await
+}
+
+/// One request; panics on a gRPC error (the failure policy must answer, not fail) or on an
+/// answer that took longer than a few deadlines.
+async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    value: &str,
+) -> RateLimitResponse {
+    let started = Instant::now();
+    let response =
+        should_rate_limit(client, request(domain, vec![descriptor(&[("k", value)])])).await;
+    let took = started.elapsed();
+    assert!(took < DEADLINE * 10, "{domain}/{value} took {took:?}");
+    response
+}
+
+fn ok(r: &RateLimitResponse) -> bool {
+    r.overall_code == Code::Ok as i32
+}
+
+/// Sends requests until the store answers again (the admin page shows the breaker closed).
+async fn wait_until_counting(
+    server: &TestServer,
+    client: &mut RateLimitServiceClient<Channel>,
+) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        ask(client, "open", "probe").await;
+        let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+        if page.contains("# store: redis, ok;") {
+            return started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("counting never resumed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_costs_no_waiting_and_follows_each_failure_mode() {
+    let redis = RedisServer::start();
+    let server = server(&redis).await;
+    let mut client = server.client().await;
+    assert_eq!(
+        ask(&mut client, "open", "a").await.statuses[0].limit_remaining,
+        1
+    );
+
+    redis.pause();
+    // allow: fail open.
+    for _ in 0..5 {
+        assert!(ok(&ask(&mut client, "open", "a").await));
+    }
+    // deny: fail closed, telling the client to come back.
+    let denied = ask(&mut client, "closed", "a").await;
+    assert!(!ok(&denied));
+    assert_eq!(denied.response_headers_to_add[0].key, "retry-after");
+    // local: this instance's share of the limit (6 / 3 instances = 2).
+    let local: Vec<bool> = answers(&mut client, "local", "a", 4).await;
+    assert_eq!(local, [true, true, false, false]);
+    // Kubernetes must not kill the pod for Redis's outage.
+    assert_eq!(
+        http_get(server.http_addr, "/healthcheck").await.unwrap().0,
+        200
+    );
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("failing (circuit breaker open)"), "{page}");
+
+    redis.resume();
+    let took = wait_until_counting(&server, &mut client).await;
+    assert!(
+        took < Duration::from_secs(2),
+        "counting resumed after {took:?}"
+    );
+    assert_eq!(
+        ask(&mut client, "open", "fresh").await.statuses[0].limit_remaining,
+        1
+    );
+    assert_eq!(
+        ask(&mut client, "open", "fresh").await.statuses[0].limit_remaining,
+        0
+    );
+    assert!(!ok(&ask(&mut client, "open", "fresh").await));
+    assert!(ok(&ask(&mut client, "closed", "fresh").await));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_empty_redis_is_used_again_without_errors() {
+    let mut redis = RedisServer::start();
+    let server = server(&redis).await;
+    let mut client = server.client().await;
+    assert!(ok(&ask(&mut client, "open", "a").await));
+    assert!(ok(&ask(&mut client, "open", "a").await));
+    assert!(!ok(&ask(&mut client, "open", "a").await));
+
+    redis.kill();
+    for _ in 0..5 {
+        assert!(
+            ok(&ask(&mut client, "open", "a").await),
+            "fail open while redis is down"
+        );
+    }
+    redis.restart();
+    wait_until_counting(&server, &mut client).await;
+    // An empty server: the script is loaded again and counters start from zero.
+    assert_eq!(
+        ask(&mut client, "open", "a").await.statuses[0].limit_remaining,
+        1
+    );
+}
+
+/// `count` requests one after the other; whether each was OK.
+async fn answers(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    value: &str,
+    count: usize,
+) -> Vec<bool> {
+    let mut answers = Vec::with_capacity(count);
+    for _ in 0..count {
+        answers.push(ok(&ask(client, domain, value).await));
+    }
+    answers
+}
