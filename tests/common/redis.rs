@@ -198,3 +198,62 @@ fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
     let text = String::from_utf8_lossy(&buf[..n]).into_owned();
     Ok(text.trim_end().to_owned())
 }
+
+/// A Sentinel watching `master` (a quorum of one), killed on drop.
+pub struct RedisSentinel {
+    server: RedisServer,
+}
+
+impl RedisSentinel {
+    pub fn start(master: &RedisServer, name: &str) -> Self {
+        let dir = super::temp_dir("sentinel");
+        let port = free_port();
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {name} 127.0.0.1 {} 1\nsentinel down-after-milliseconds {name} 1000\n",
+                dir.display(),
+                master.port
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-server")
+            .arg(&config)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("redis-server not found: run ./scripts/test, which installs it");
+        let server = RedisServer {
+            child: Some(child),
+            port,
+            dir,
+            extra: Vec::new(),
+        };
+        wait_for(
+            || {
+                command(port, &["SENTINEL", "get-master-addr-by-name", name])
+                    .is_ok_and(|r| r.contains(&master.port.to_string()))
+            },
+            "sentinel to know the master",
+        );
+        Self { server }
+    }
+
+    /// `host:port` of the Sentinel.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.server.port)
+    }
+}
+
+/// `calls=` of one command in `INFO commandstats` (0 when never called).
+pub fn command_calls(server: &RedisServer, name: &str) -> u64 {
+    let stats = server.command(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{name}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,122 @@
+//! What a request costs Redis: one script call per request, none while a counter is known
+//! to be over its limit (the local over-limit cache), and Sentinel finds the master.
+
+mod common;
+
+use std::time::Duration;
+
+use common::redis::{RedisSentinel, RedisServer, command_calls};
+use common::{TestServer, config_dir, descriptor, request, should_rate_limit};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::settings::{Backend, Settings};
+use sluice::store::redis::{RedisKind, RedisOptions};
+use sluice::store::resilient::ResilienceOptions;
+
+const CONFIG: &str = "domain: calls\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 3}\n  - key: j\n    rate_limit: {unit: day, requests_per_unit: 100}\n";
+
+async fn server(url: String, kind: RedisKind, local_cache_keys: usize) -> TestServer {
+    let mut settings = Settings::for_tests(config_dir("calls", &[("calls.yaml", CONFIG)]));
+    settings.backend = Backend::Redis;
+    settings.redis = Some(RedisOptions {
+        url,
+        kind,
+        auth: None,
+        sentinel_auth: None,
+        tls: false,
+        tls_ca: None,
+        tls_cert: None,
+        tls_key: None,
+        tls_insecure: false,
+        key_prefix: "calls:".into(),
+        connections: 1,
+        connect_timeout: Duration::from_secs(2),
+    });
+    settings.resilience = ResilienceOptions {
+        deadline: Duration::from_secs(2),
+        ..ResilienceOptions::default()
+    };
+    settings.local_cache_keys = local_cache_keys;
+    TestServer::start_with(settings).await
+}
+
+fn script_calls(redis: &RedisServer) -> u64 {
+    command_calls(redis, "evalsha") + command_calls(redis, "eval")
+}
+
+#[tokio::test]
+async fn one_script_call_per_request_whatever_the_number_of_descriptors() {
+    let redis = RedisServer::start();
+    let server = server(redis.url(), RedisKind::Single, 0).await;
+    let mut client = server.client().await;
+    let descriptors = || {
+        (0..4)
+            .map(|i| descriptor(&[("j", &format!("v{i}"))]))
+            .collect()
+    };
+    for _ in 0..10 {
+        should_rate_limit(&mut client, request("calls", descriptors())).await;
+    }
+    // The very first EVALSHA meets NOSCRIPT and is followed by one EVAL that loads it.
+    assert_eq!(script_calls(&redis), 11);
+    assert_eq!(
+        command_calls(&redis, "get") + command_calls(&redis, "incrby"),
+        0
+    );
+}
+
+#[tokio::test]
+async fn counters_known_over_the_limit_cost_no_redis_call() {
+    let redis = RedisServer::start();
+    let server = server(redis.url(), RedisKind::Single, 1000).await;
+    let mut client = server.client().await;
+    let ask = || request("calls", vec![descriptor(&[("k", "hot")])]);
+    for _ in 0..3 {
+        assert_eq!(
+            should_rate_limit(&mut client, ask()).await.overall_code,
+            Code::Ok as i32
+        );
+    }
+    let rejected = should_rate_limit(&mut client, ask()).await;
+    assert_eq!(rejected.overall_code, Code::OverLimit as i32);
+    let calls = script_calls(&redis);
+    for _ in 0..20 {
+        let r = should_rate_limit(&mut client, ask()).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        assert_eq!(r.response_headers_to_add[0].key, "retry-after");
+    }
+    assert_eq!(
+        script_calls(&redis),
+        calls,
+        "answered from the over-limit cache"
+    );
+    // Other counters still go to Redis.
+    should_rate_limit(
+        &mut client,
+        request("calls", vec![descriptor(&[("k", "cold")])]),
+    )
+    .await;
+    assert_eq!(script_calls(&redis), calls + 1);
+}
+
+#[tokio::test]
+async fn sentinel_leads_to_the_master() {
+    let master = RedisServer::start();
+    let sentinel = RedisSentinel::start(&master, "sluice-master");
+    let url = format!("sluice-master,{}", sentinel.addr());
+    let server = server(url, RedisKind::Sentinel, 0).await;
+    let mut client = server.client().await;
+    let remaining: Vec<u32> = {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            let r = should_rate_limit(
+                &mut client,
+                request("calls", vec![descriptor(&[("k", "s")])]),
+            )
+            .await;
+            out.push(r.statuses[0].limit_remaining);
+        }
+        out
+    };
+    assert_eq!(remaining, [2, 1, 0]);
+    assert!(script_calls(&master) >= 3, "counted on the master");
+}
