@@ -18,18 +18,9 @@ async fn server(url: String, kind: RedisKind, local_cache_keys: usize) -> TestSe
     let mut settings = Settings::for_tests(config_dir("calls", &[("calls.yaml", CONFIG)]));
     settings.backend = Backend::Redis;
     settings.redis = Some(RedisOptions {
-        url,
-        kind,
-        auth: None,
-        sentinel_auth: None,
-        tls: false,
-        tls_ca: None,
-        tls_cert: None,
-        tls_key: None,
-        tls_insecure: false,
         key_prefix: "calls:".into(),
         connections: 1,
-        connect_timeout: Duration::from_secs(2),
+        ..RedisOptions::new(url, kind)
     });
     settings.resilience = ResilienceOptions {
         deadline: Duration::from_secs(2),

@@ -34,18 +34,9 @@ async fn server(redis: &RedisServer) -> TestServer {
     ));
     settings.backend = Backend::Redis;
     settings.redis = Some(RedisOptions {
-        url: redis.url(),
-        kind: RedisKind::Single,
-        auth: None,
-        sentinel_auth: None,
-        tls: false,
-        tls_ca: None,
-        tls_cert: None,
-        tls_key: None,
-        tls_insecure: false,
-        key_prefix: String::new(),
         connections: 1,
         connect_timeout: Duration::from_secs(1),
+        ..RedisOptions::new(redis.url(), RedisKind::Single)
     });
     settings.resilience = ResilienceOptions {
         deadline: DEADLINE,

@@ -170,18 +170,13 @@ async fn redis_over_mutual_tls_with_a_private_ca() {
     let mut settings = Settings::for_tests(config_dir("tls", &[("tls.yaml", yaml)]));
     settings.backend = Backend::Redis;
     settings.redis = Some(RedisOptions {
-        url: format!("127.0.0.1:{port}"),
-        kind: RedisKind::Single,
-        auth: None,
-        sentinel_auth: None,
         tls: true,
         tls_ca: Some(dir.join("ca.crt")),
         tls_cert: Some(dir.join("client.crt")),
         tls_key: Some(dir.join("client.key")),
-        tls_insecure: false,
-        key_prefix: String::new(),
         connections: 1,
         connect_timeout: Duration::from_secs(5),
+        ..RedisOptions::new(format!("127.0.0.1:{port}"), RedisKind::Single)
     });
     // Fail closed, so that a TLS failure shows as OVER_LIMIT instead of passing silently.
     settings.limiter.failure_mode = sluice::store::FailureMode::Deny;

@@ -282,18 +282,8 @@ async fn run_all(store: &dyn Store) {
 
 fn redis_options(url: String, kind: RedisKind) -> RedisOptions {
     RedisOptions {
-        url,
-        kind,
-        auth: None,
-        sentinel_auth: None,
-        tls: false,
-        tls_ca: None,
-        tls_cert: None,
-        tls_key: None,
-        tls_insecure: false,
         key_prefix: "contract:".into(),
-        connections: 2,
-        connect_timeout: Duration::from_secs(2),
+        ..RedisOptions::new(url, kind)
     }
 }
 

@@ -80,6 +80,27 @@ struct Slot {
     last_error: Mutex<String>,
 }
 
+impl RedisOptions {
+    /// Options for `url` with the defaults of `sluice serve`: no auth, no TLS, no prefix,
+    /// two connections, a two-second connect timeout.
+    pub fn new(url: impl Into<String>, kind: RedisKind) -> Self {
+        Self {
+            url: url.into(),
+            kind,
+            auth: None,
+            sentinel_auth: None,
+            tls: false,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_insecure: false,
+            key_prefix: String::new(),
+            connections: 2,
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
 /// A multiplexed connection handle, cheap to clone.
 #[derive(Clone)]
 pub(super) enum ConnHandle {

@@ -1,13 +1,11 @@
 //! The Redis store: one limit for the whole fleet.
 //!
-//! Every request's counters go to Redis in one Lua script call ([`counters.lua`]) that reads
+//! Every request's counters go to Redis in one Lua script call (`counters.lua`) that reads
 //! Redis's clock, decides every counter and charges them all or none. On a single node (or
 //! the Sentinel master) that is one call per request. In a Cluster, counters are grouped by
 //! hash slot, one call per group; when the request is rejected as a whole, the hits already
 //! charged in other groups are refunded (the error is conservative: briefly counting hits that
 //! were not admitted, never admitting more than the limit).
-//!
-//! [`counters.lua`]: https://github.com/ (src/store/redis/counters.lua)
 
 mod connect;
 mod slot;
