@@ -96,6 +96,7 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "negative_requests.yaml:6:26: descriptors[0].rate_limit.requests_per_unit: invalid type: integer `-1`",
     "non_map_list.yaml:2:15: descriptors[0]: config error, yaml file contains list of type other than map: a",
     "metadata_not_a_map.yaml: descriptors[0].metadata: error parsing metadata",
+    "bad_failure_mode.yaml: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny or local)",
 ];
 
 /// The fixture an expected line is about.

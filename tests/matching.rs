@@ -420,3 +420,47 @@ fn every_rule_is_listed_once_by_stats_key() {
         ]
     );
 }
+
+#[test]
+fn failure_mode_comes_from_the_rule_then_enclosing_descriptors_then_the_file() {
+    use sluice::store::FailureMode;
+    let yaml = r#"
+domain: fm
+failure_mode: deny
+descriptors:
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: open
+    failure_mode: ALLOW
+    rate_limit: {unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: inner
+        rate_limit: {unit: second, requests_per_unit: 1}
+      - key: own
+        failure_mode: local
+        rate_limit: {unit: second, requests_per_unit: 1}
+"#;
+    let policy = load_sources(&[("fm.yaml".into(), yaml.into())], LoadOptions::default()).unwrap();
+    let domain = policy.domain("fm").unwrap();
+    assert_eq!(domain.failure_mode, Some(FailureMode::Deny));
+    let mode = |entries: &[(&str, &str)]| domain.find(entries).unwrap().failure_mode;
+    assert_eq!(mode(&[("plain", "x")]), Some(FailureMode::Deny));
+    assert_eq!(mode(&[("open", "x")]), Some(FailureMode::Allow));
+    assert_eq!(
+        mode(&[("open", "x"), ("inner", "y")]),
+        Some(FailureMode::Allow)
+    );
+    assert_eq!(
+        mode(&[("open", "x"), ("own", "y")]),
+        Some(FailureMode::Local)
+    );
+
+    let without = "domain: none\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let policy = load_sources(
+        &[("none.yaml".into(), without.into())],
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let rule = policy.domain("none").unwrap().find(&[("k", "v")]).unwrap();
+    assert_eq!(rule.failure_mode, None, "the process default applies");
+}

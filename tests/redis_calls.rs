@@ -111,3 +111,71 @@ async fn sentinel_leads_to_the_master() {
     assert_eq!(remaining, [2, 1, 0]);
     assert!(script_calls(&master) >= 3, "counted on the master");
 }
+
+#[tokio::test]
+async fn every_counter_key_expires_with_its_window() {
+    let redis = RedisServer::start();
+    let server = server(redis.url(), RedisKind::Single, 0).await;
+    let mut client = server.client().await;
+    for value in ["a", "b|c", "d=e"] {
+        should_rate_limit(
+            &mut client,
+            request("calls", vec![descriptor(&[("j", value)])]),
+        )
+        .await;
+    }
+    let keys = redis.command(&["KEYS", "calls:*"]);
+    let names: Vec<&str> = keys.lines().filter(|l| l.starts_with("calls:")).collect();
+    assert_eq!(names.len(), 3, "{keys}");
+    for name in names {
+        let ttl: i64 = redis
+            .command(&["PTTL", name])
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        assert!(ttl > 0 && ttl <= 86_400_000, "{name}: {ttl}");
+    }
+    assert!(keys.contains(r"calls:calls|j=b\|c|86400s:fw"), "{keys}");
+}
+
+#[tokio::test]
+async fn a_unix_socket_works() {
+    let dir = common::temp_dir("unix");
+    let socket = dir.join("redis.sock");
+    let mut child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--unixsocket",
+        ])
+        .arg(&socket)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !socket.exists() {
+        assert!(started.elapsed() < Duration::from_secs(10), "no socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let server = server(socket.display().to_string(), RedisKind::Single, 0).await;
+    let mut client = server.client().await;
+    let remaining: Vec<u32> = {
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            let r = should_rate_limit(
+                &mut client,
+                request("calls", vec![descriptor(&[("k", "unix")])]),
+            )
+            .await;
+            out.push(r.statuses[0].limit_remaining);
+        }
+        out
+    };
+    assert_eq!(remaining, [2, 1]);
+    let _ = child.kill();
+    let _ = child.wait();
+}
