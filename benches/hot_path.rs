@@ -72,6 +72,7 @@ fn memory_store(c: &mut Criterion) {
         requests: u64::MAX / 2,
         window: 60 * SECOND,
         algorithm: Algorithm::FixedWindow,
+        burst: u64::MAX / 2,
     };
     let mut group = c.benchmark_group("memory_store");
     for keys in [1usize, 10_000, 1_000_000] {

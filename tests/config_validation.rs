@@ -293,8 +293,8 @@ fn valid_fixtures_keep_every_field() {
         .into_iter()
         .zip(Unit::ALL)
     {
-        match units.find(&[("u", value)]).unwrap().limit {
-            RuleLimit::Limited(limit) => assert_eq!(limit.unit, unit, "{value}"),
+        match &units.find(&[("u", value)]).unwrap().limit {
+            RuleLimit::Limited(limits) => assert_eq!(limits[0].unit, unit, "{value}"),
             RuleLimit::Unlimited => panic!("{value} is limited"),
         }
     }

@@ -19,11 +19,7 @@ use sluice::store::{
 const HOUR: u64 = 3600 * SECOND;
 
 fn limit(requests: u64) -> Limit {
-    Limit {
-        requests,
-        window: HOUR,
-        algorithm: Algorithm::FixedWindow,
-    }
+    Limit::new(requests, HOUR, Algorithm::FixedWindow)
 }
 
 /// A namespace per test, so tests share servers without sharing counters.
@@ -248,6 +244,7 @@ async fn windows_end_on_unit_boundaries(store: &dyn Store) {
         requests: 1,
         window: SECOND,
         algorithm: Algorithm::FixedWindow,
+        burst: 1,
     };
     let one = || CounterOp {
         key: CounterKey::new(&ns, [("k", "s")], &second),

@@ -5,7 +5,7 @@
 //! This is the reference service's algorithm; it admits up to `2L` across a window
 //! boundary, which the sliding window and token bucket avoid.
 
-use super::{Decision, Limit, Micros};
+use super::{Decision, Limit, Micros, can_ever_pass};
 
 /// The stored state: the start of the window the count belongs to, and the count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +60,7 @@ pub fn decide(state: Option<&Window>, limit: &Limit, now: Micros, hits: i64) -> 
             remaining: limit.requests.saturating_sub(window.count),
             reset_after,
             // More hits than the limit never fit, however long the client waits.
-            retry_after: (hits <= limit.requests && limit.requests > 0).then_some(reset_after),
+            retry_after: can_ever_pass(limit.requests, hits).then_some(reset_after),
         };
         (decision, window)
     }
@@ -83,11 +83,7 @@ mod tests {
     const MINUTE: Micros = 60 * SECOND;
 
     fn per_minute(requests: u64) -> Limit {
-        Limit {
-            requests,
-            window: MINUTE,
-            algorithm: Algorithm::FixedWindow,
-        }
+        Limit::new(requests, MINUTE, Algorithm::FixedWindow)
     }
 
     /// Runs `hits` against `state`, keeping the new state only when allowed (as stores do).

@@ -1,10 +1,14 @@
 //! Rate limit algorithms as pure functions of `(state, limit, now, hits)`.
 //!
 //! Nothing here reads a clock, takes a lock or does I/O: the stores call [`decide`] under
-//! their own atomicity (a shard lock in memory, a Lua script in Redis) and persist the
-//! returned state. Every algorithm lives in its own file; [`Algorithm`] selects one.
+//! their own atomicity (a shard lock in memory, a Lua script in Redis that mirrors each file
+//! line by line) and persist the returned state. Every algorithm lives in its own file;
+//! [`Algorithm`] selects one.
 
+pub mod concurrency;
 pub mod fixed_window;
+pub mod sliding_window;
+pub mod token_bucket;
 
 /// Time in integer microseconds since the Unix epoch (or a duration in microseconds).
 ///
@@ -20,13 +24,30 @@ pub const SECOND: Micros = 1_000_000;
 pub enum Algorithm {
     /// Windows aligned to the Unix epoch; one count per window (the reference behaviour).
     FixedWindow,
+    /// Weighted two-window counter: no boundary burst.
+    SlidingWindow,
+    /// GCRA token bucket: a burst size and a sustained rate.
+    TokenBucket,
+    /// Requests in flight: hits acquire, refunds release.
+    Concurrency,
 }
 
 impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Concurrency,
+    ];
+
     /// The name used in config files and in `/rlconfig`.
     pub fn as_str(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -34,19 +55,37 @@ impl Algorithm {
     pub fn key_tag(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fw",
+            Algorithm::SlidingWindow => "sw",
+            Algorithm::TokenBucket => "tb",
+            Algorithm::Concurrency => "cc",
         }
     }
 }
 
-/// The numbers an algorithm needs: how many hits per window, and how long the window is.
+/// The numbers an algorithm needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Limit {
-    /// Hits allowed per window; 0 means every request is over the limit.
+    /// Hits allowed per window (token bucket: the sustained rate per window; concurrency:
+    /// requests in flight); 0 means every request is over the limit.
     pub requests: u64,
-    /// Window length in microseconds; never 0.
+    /// Window length in microseconds; never 0 (concurrency: the safety TTL of a counter).
     pub window: Micros,
     /// The algorithm that enforces this limit.
     pub algorithm: Algorithm,
+    /// Token bucket capacity (equal to `requests` for the other algorithms).
+    pub burst: u64,
+}
+
+impl Limit {
+    /// A limit whose burst equals its rate.
+    pub const fn new(requests: u64, window: Micros, algorithm: Algorithm) -> Self {
+        Self {
+            requests,
+            window,
+            algorithm,
+            burst: requests,
+        }
+    }
 }
 
 /// The answer for one counter.
@@ -56,7 +95,7 @@ pub struct Decision {
     pub allowed: bool,
     /// Hits still available after this decision (after charging, when allowed).
     pub remaining: u64,
-    /// Time until the counter is fully restored (for a fixed window: the window's end).
+    /// Time until the counter is fully restored.
     pub reset_after: Micros,
     /// When rejected: the earliest time after which the same hits could pass. `None` when
     /// allowed, or when the hits can never pass (more hits than the limit).
@@ -64,14 +103,20 @@ pub struct Decision {
 }
 
 /// The stored state of one counter, whatever its algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum State {
     /// See [`fixed_window::Window`].
     FixedWindow(fixed_window::Window),
+    /// See [`sliding_window::Windows`].
+    SlidingWindow(sliding_window::Windows),
+    /// See [`token_bucket::Bucket`].
+    TokenBucket(token_bucket::Bucket),
+    /// See [`concurrency::InFlight`].
+    Concurrency(concurrency::InFlight),
 }
 
 /// What [`decide`] returns: the decision, and the state to store if the hits are charged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Transition {
     /// The answer for this counter.
     pub decision: Decision,
@@ -83,18 +128,62 @@ pub struct Transition {
 
 /// Applies `hits` (negative: a refund) to a counter of `limit` at time `now`.
 ///
-/// `state` is the stored state, `None` when the counter is new or expired. A state of a
-/// different algorithm than `limit.algorithm` is treated as absent.
+/// `state` is the stored state, `None` when the counter is new or expired. A state of
+/// another algorithm than `limit.algorithm` is treated as absent.
 pub fn decide(state: Option<&State>, limit: &Limit, now: Micros, hits: i64) -> Transition {
     match limit.algorithm {
         Algorithm::FixedWindow => {
-            let window = state.map(|State::FixedWindow(w)| w);
-            let (decision, next) = fixed_window::decide(window, limit, now, hits);
+            let state = match state {
+                Some(State::FixedWindow(w)) => Some(w),
+                _ => None,
+            };
+            let (decision, next) = fixed_window::decide(state, limit, now, hits);
             Transition {
                 decision,
                 next: State::FixedWindow(next),
                 expires_at: next.end(limit),
             }
         }
+        Algorithm::SlidingWindow => {
+            let state = match state {
+                Some(State::SlidingWindow(w)) => Some(w),
+                _ => None,
+            };
+            let (decision, next) = sliding_window::decide(state, limit, now, hits);
+            Transition {
+                decision,
+                next: State::SlidingWindow(next),
+                expires_at: next.expires_at(limit),
+            }
+        }
+        Algorithm::TokenBucket => {
+            let state = match state {
+                Some(State::TokenBucket(b)) => Some(b),
+                _ => None,
+            };
+            let (decision, next) = token_bucket::decide(state, limit, now, hits);
+            Transition {
+                decision,
+                next: State::TokenBucket(next),
+                expires_at: next.expires_at(),
+            }
+        }
+        Algorithm::Concurrency => {
+            let state = match state {
+                Some(State::Concurrency(c)) => Some(c),
+                _ => None,
+            };
+            let (decision, next) = concurrency::decide(state, limit, now, hits);
+            Transition {
+                decision,
+                next: State::Concurrency(next),
+                expires_at: now.saturating_add(limit.window),
+            }
+        }
     }
+}
+
+/// Whether `hits` can ever pass `limit` (a request larger than the limit never can).
+fn can_ever_pass(limit: u64, hits: u64) -> bool {
+    limit > 0 && hits <= limit
 }

@@ -166,10 +166,7 @@ impl Cx<'_> {
                     .map(|p| p.as_str().to_owned()),
             );
             let mut node = Node {
-                rule: raw
-                    .rate_limit
-                    .as_ref()
-                    .and_then(|rl| self.rule(rl, raw, &format!("{path}.rate_limit"), &stats_key)),
+                rule: self.rule(raw, &path, &stats_key),
                 children: Children::default(),
             };
             let nested = raw.descriptors.as_deref().unwrap_or_default();
@@ -192,65 +189,92 @@ impl Cx<'_> {
         }
     }
 
-    /// Compiles a `rate_limit:`; `None` (with errors recorded) when it is invalid.
-    fn rule(
-        &mut self,
-        raw: &RawRateLimit,
-        descriptor: &RawDescriptor,
-        path: &str,
-        stats_key: &str,
-    ) -> Option<Rule> {
+    /// Compiles a descriptor's `rate_limit:` or `rate_limits:`; `None` when it has neither or
+    /// they are invalid (with every error recorded).
+    fn rule(&mut self, descriptor: &RawDescriptor, path: &str, stats_key: &str) -> Option<Rule> {
         let errors_before = self.errors.len();
-        let unit = raw.unit.as_deref().unwrap_or_default();
-        let name = raw.name.as_deref().filter(|n| !n.is_empty());
+        let entries: Vec<(String, &RawRateLimit)> =
+            match (&descriptor.rate_limit, &descriptor.rate_limits) {
+                (None, None) => return None,
+                (Some(_), Some(_)) => {
+                    self.error(
+                        path,
+                        "rate_limit and rate_limits are mutually exclusive: use one",
+                    );
+                    return None;
+                }
+                (Some(one), None) => vec![(format!("{path}.rate_limit"), one)],
+                (None, Some(many)) => {
+                    if many.is_empty() {
+                        self.error(
+                            &format!("{path}.rate_limits"),
+                            "rate_limits must not be empty",
+                        );
+                    }
+                    many.iter()
+                        .enumerate()
+                        .map(|(i, rl)| (format!("{path}.rate_limits[{i}]"), rl))
+                        .collect()
+                }
+            };
+        let several = descriptor.rate_limits.is_some();
 
-        let limit = if raw.unlimited {
-            if !unit.is_empty() {
-                self.error(path, "should not specify rate limit unit when unlimited");
-            }
-            RuleLimit::Unlimited
-        } else {
-            let parsed = unit.parse().ok();
-            if parsed.is_none() {
-                self.error(
-                    &format!("{path}.unit"),
-                    format!("invalid rate limit unit '{unit}'"),
-                );
-            }
-            if raw.requests_per_unit.is_none() {
-                self.error(
-                    path,
-                    "rate limit has no requests_per_unit (use 0 to reject everything, or unlimited: true)",
-                );
-            }
-            match (parsed, raw.requests_per_unit) {
-                (Some(unit), Some(requests_per_unit)) => RuleLimit::Limited(RateLimit {
-                    requests_per_unit,
-                    unit,
-                    algorithm: Algorithm::FixedWindow,
-                }),
-                // Invalid; keep checking the rest of this rate_limit so every error shows.
-                _ => RuleLimit::Unlimited,
-            }
-        };
-
+        let mut limits = Vec::new();
+        let mut unlimited = false;
         let mut replaces = Vec::new();
-        for (i, entry) in raw.replaces.iter().flatten().enumerate() {
-            let entry_path = format!("{path}.replaces[{i}]");
-            match entry.name.as_deref().filter(|n| !n.is_empty()) {
-                None => self.error(&entry_path, "should not have an empty replaces entry"),
-                Some(n) if Some(n) == name => self.error(
-                    &entry_path,
-                    "replaces should not contain name of same descriptor",
-                ),
-                Some(n) => replaces.push(n.to_owned()),
+        for (path, raw) in &entries {
+            let name = raw.name.as_deref().filter(|n| !n.is_empty());
+            if raw.unlimited {
+                if several {
+                    self.error(
+                        path,
+                        "unlimited is not allowed in rate_limits; use rate_limit",
+                    );
+                }
+                if raw.unit.as_deref().is_some_and(|u| !u.is_empty()) {
+                    self.error(path, "should not specify rate limit unit when unlimited");
+                }
+                unlimited = true;
+            } else if let Some(limit) = self.limit(raw, path, name) {
+                if limits
+                    .iter()
+                    .any(|l: &RateLimit| l.unit == limit.unit && l.algorithm == limit.algorithm)
+                {
+                    self.error(
+                        path,
+                        format!(
+                            "two rate_limits with unit {} and algorithm {}: the stricter one always decides; keep one",
+                            limit.unit.proto_name(),
+                            limit.algorithm.as_str()
+                        ),
+                    );
+                }
+                limits.push(limit);
+            }
+            for (i, entry) in raw.replaces.iter().flatten().enumerate() {
+                let entry_path = format!("{path}.replaces[{i}]");
+                match entry.name.as_deref().filter(|n| !n.is_empty()) {
+                    None => self.error(&entry_path, "should not have an empty replaces entry"),
+                    Some(n) if Some(n) == name => self.error(
+                        &entry_path,
+                        "replaces should not contain name of same descriptor",
+                    ),
+                    Some(n) => replaces.push(n.to_owned()),
+                }
             }
         }
 
+        let name = entries
+            .iter()
+            .find_map(|(_, raw)| raw.name.clone().filter(|n| !n.is_empty()));
         (self.errors.len() == errors_before).then(|| Rule {
             stats_key: stats_key.to_owned(),
-            limit,
-            name: name.map(str::to_owned),
+            limit: if unlimited {
+                RuleLimit::Unlimited
+            } else {
+                RuleLimit::Limited(limits)
+            },
+            name,
             replaces,
             shadow_mode: descriptor.shadow_mode,
             quota_mode: descriptor.quota_mode,
@@ -258,6 +282,58 @@ impl Cx<'_> {
             value_to_metric: descriptor.value_to_metric,
             shared: self.shared.clone(),
             failure_mode: self.failure_mode,
+        })
+    }
+
+    /// Compiles one counted limit; `None` (with errors recorded) when it is invalid.
+    fn limit(&mut self, raw: &RawRateLimit, path: &str, name: Option<&str>) -> Option<RateLimit> {
+        let unit_text = raw.unit.as_deref().unwrap_or_default();
+        let unit = unit_text.parse().ok();
+        if unit.is_none() {
+            self.error(
+                &format!("{path}.unit"),
+                format!("invalid rate limit unit '{unit_text}'"),
+            );
+        }
+        if raw.requests_per_unit.is_none() {
+            self.error(
+                path,
+                "rate limit has no requests_per_unit (use 0 to reject everything, or unlimited: true)",
+            );
+        }
+        let algorithm = match raw.algorithm.as_deref() {
+            None => Some(Algorithm::FixedWindow),
+            Some(text) => {
+                let found = Algorithm::ALL
+                    .into_iter()
+                    .find(|a| a.as_str().eq_ignore_ascii_case(text));
+                if found.is_none() {
+                    self.error(
+                        &format!("{path}.algorithm"),
+                        format!(
+                            "invalid algorithm '{text}' (expected fixed_window, sliding_window, token_bucket or concurrency)"
+                        ),
+                    );
+                }
+                found
+            }
+        };
+        if let Some(burst) = raw.burst {
+            if algorithm != Some(Algorithm::TokenBucket) {
+                self.error(
+                    &format!("{path}.burst"),
+                    "burst is only valid with algorithm: token_bucket",
+                );
+            } else if burst == 0 {
+                self.error(&format!("{path}.burst"), "burst must be at least 1");
+            }
+        }
+        Some(RateLimit {
+            requests_per_unit: raw.requests_per_unit?,
+            unit: unit?,
+            algorithm: algorithm?,
+            burst: raw.burst,
+            name: name.map(str::to_owned),
         })
     }
 }

@@ -32,6 +32,9 @@ pub struct RawDescriptor {
     /// The limit for descriptors ending at this node.
     #[serde(default)]
     pub rate_limit: Option<RawRateLimit>,
+    /// Several limits that must all pass (Sluice extension; excludes `rate_limit`).
+    #[serde(default)]
+    pub rate_limits: Option<Vec<RawRateLimit>>,
     /// Next level.
     #[serde(default)]
     pub descriptors: Option<Vec<RawDescriptor>>,
@@ -77,6 +80,12 @@ pub struct RawRateLimit {
     /// Names of limits this one replaces.
     #[serde(default)]
     pub replaces: Option<Vec<RawReplaces>>,
+    /// fixed_window (default) | sliding_window | token_bucket | concurrency (Sluice extension).
+    #[serde(default)]
+    pub algorithm: Option<String>,
+    /// Token bucket capacity (Sluice extension; default requests_per_unit).
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
 
 /// One `replaces:` entry.
@@ -93,6 +102,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
     "rate_limit",
+    "rate_limits",
     "descriptors",
     "shadow_mode",
     "quota_mode",
@@ -102,7 +112,15 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "metadata",
     "failure_mode",
 ];
-const RATE_LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
+const RATE_LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "burst",
+];
 const REPLACES_KEYS: &[&str] = &["name"];
 
 /// A structural problem found by [`structure_errors`], in the reference's wording.
@@ -145,6 +163,7 @@ fn check_mapping(value: &Value, path: &str, known: &[&str], found: &mut Vec<Stru
         match name.as_str() {
             "descriptors" => check_list(child, &child_path, DESCRIPTOR_KEYS, found),
             "rate_limit" => check_mapping(child, &child_path, RATE_LIMIT_KEYS, found),
+            "rate_limits" => check_list(child, &child_path, RATE_LIMIT_KEYS, found),
             "replaces" => check_list(child, &child_path, REPLACES_KEYS, found),
             _ => {}
         }

@@ -10,7 +10,7 @@ pub use types::{
     Code, Descriptor, DescriptorStatus, Entry, LimitOverride, ReportedLimit, Request, Response,
 };
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::Decision;
 use crate::policy::{EntryRef, Policy, RateLimit, Rule, RuleLimit};
 use crate::store::{Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError};
 
@@ -40,6 +40,23 @@ pub enum LimitError {
     Store(#[from] StoreError),
 }
 
+/// The limits of a counted descriptor.
+enum Limits<'p> {
+    /// A rule's `rate_limit` or `rate_limits`.
+    Configured(&'p [RateLimit]),
+    /// The request's override.
+    Override(RateLimit),
+}
+
+impl Limits<'_> {
+    fn as_slice(&self) -> &[RateLimit] {
+        match self {
+            Limits::Configured(limits) => limits,
+            Limits::Override(limit) => std::slice::from_ref(limit),
+        }
+    }
+}
+
 /// The rate limiter: the current policy plus a store.
 pub struct Limiter {
     policy: RwLock<Arc<Policy>>,
@@ -53,10 +70,10 @@ enum Plan<'p> {
     NoLimit,
     /// `unlimited: true`.
     Unlimited,
-    /// A counted limit: a configured rule, or (rule `None`) a request override.
+    /// Counted limits: a configured rule's, or (rule `None`) a request override.
     Counted {
         rule: Option<&'p Rule>,
-        limit: RateLimit,
+        limits: Limits<'p>,
     },
 }
 
@@ -108,13 +125,15 @@ impl Limiter {
         let quota_cannot_fail =
             self.options.quota_mode && plans.iter().any(|p| matches!(p, Plan::NoLimit));
         for (descriptor, plan) in request.descriptors.iter().zip(&plans) {
-            if let Plan::Counted { rule, limit } = plan {
-                let mut op =
-                    self.counter_op(&request.domain, descriptor, *rule, limit, domain_mode);
-                if quota_cannot_fail && op.role == Role::Quota {
-                    op.role = Role::Shadow;
+            if let Plan::Counted { rule, limits } = plan {
+                for limit in limits.as_slice() {
+                    let mut op =
+                        self.counter_op(&request.domain, descriptor, *rule, limit, domain_mode);
+                    if quota_cannot_fail && op.role == Role::Quota {
+                        op.role = Role::Shadow;
+                    }
+                    batch.ops.push(op);
                 }
-                batch.ops.push(op);
             }
         }
         let applied = if batch.ops.is_empty() {
@@ -123,8 +142,8 @@ impl Limiter {
             Some(self.store.apply(&batch).await?)
         };
 
-        let mut decisions = applied.iter().flat_map(|a| a.decisions.iter());
         let admitted = applied.as_ref().is_none_or(|a| a.admitted);
+        let mut decisions = applied.as_ref().map_or(&[][..], |a| &a.decisions[..]);
         let statuses = request
             .descriptors
             .iter()
@@ -142,37 +161,17 @@ impl Limiter {
                     remaining: UNLIMITED_REMAINING,
                     reset_after: None,
                 },
-                Plan::Counted { rule, limit } => {
-                    let decision = decisions
-                        .next()
-                        .expect("one decision per counted descriptor");
-                    let shadow = rule.is_some_and(|r| r.shadow_mode);
-                    let over = !decision.allowed && !shadow;
+                Plan::Counted { rule, limits } => {
+                    let limits = limits.as_slice();
+                    let (own, rest) = decisions.split_at(limits.len());
+                    decisions = rest;
                     // Hits of an allowed descriptor in a rejected request were not charged.
                     let uncharged = if admitted {
                         0
                     } else {
                         descriptor.hits.max(0) as u64
                     };
-                    DescriptorStatus {
-                        code: if over { Code::OverLimit } else { Code::Ok },
-                        limit: Some(ReportedLimit {
-                            requests_per_unit: limit.requests_per_unit,
-                            unit: limit.unit,
-                            name: rule.and_then(|r| r.name.clone()),
-                        }),
-                        remaining: clamp_u32(
-                            decision
-                                .remaining
-                                .saturating_add(if decision.allowed { uncharged } else { 0 })
-                                .min(u64::from(limit.requests_per_unit)),
-                        ),
-                        reset_after: Some(if over {
-                            decision.retry_after.unwrap_or(decision.reset_after)
-                        } else {
-                            decision.reset_after
-                        }),
-                    }
+                    status(*rule, limits, own, uncharged)
                 }
             })
             .collect();
@@ -220,6 +219,54 @@ impl Limiter {
     }
 }
 
+/// The status of a descriptor with one decision per limit: over if any limit is over
+/// (reporting the one that makes the client wait longest), else the limit with the least
+/// remaining.
+fn status(
+    rule: Option<&Rule>,
+    limits: &[RateLimit],
+    decisions: &[Decision],
+    uncharged: u64,
+) -> DescriptorStatus {
+    let shadow = rule.is_some_and(|r| r.shadow_mode);
+    let remaining = |limit: &RateLimit, d: &Decision| {
+        let back = if d.allowed { uncharged } else { 0 };
+        d.remaining.saturating_add(back).min(u64::from(
+            limit.requests_per_unit.max(limit.burst.unwrap_or(0)),
+        ))
+    };
+    let over = |d: &Decision| !d.allowed && !shadow;
+    let pairs = limits.iter().zip(decisions);
+    let chosen = pairs
+        .clone()
+        .filter(|(_, d)| over(d))
+        .max_by_key(|(_, d)| d.retry_after.unwrap_or(d.reset_after))
+        .or_else(|| pairs.min_by_key(|(l, d)| remaining(l, d)));
+    let Some((limit, decision)) = chosen else {
+        return DescriptorStatus {
+            code: Code::Ok,
+            limit: None,
+            remaining: 0,
+            reset_after: None,
+        };
+    };
+    let is_over = over(decision);
+    DescriptorStatus {
+        code: if is_over { Code::OverLimit } else { Code::Ok },
+        limit: Some(ReportedLimit {
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit,
+            name: limit.name.clone(),
+        }),
+        remaining: clamp_u32(remaining(limit, decision)),
+        reset_after: Some(if is_over {
+            decision.retry_after.unwrap_or(decision.reset_after)
+        } else {
+            decision.reset_after
+        }),
+    }
+}
+
 fn validate(request: &Request) -> Result<(), LimitError> {
     if request.domain.is_empty() {
         return Err(LimitError::InvalidRequest(
@@ -260,11 +307,7 @@ fn plan<'p>(policy: &'p Policy, request: &Request) -> Vec<Plan<'p>> {
             if let Some(o) = descriptor.limit {
                 return Plan::Counted {
                     rule: None,
-                    limit: RateLimit {
-                        requests_per_unit: o.requests_per_unit,
-                        unit: o.unit,
-                        algorithm: Algorithm::FixedWindow,
-                    },
+                    limits: Limits::Override(RateLimit::fixed(o.requests_per_unit, o.unit)),
                 };
             }
             let Some(rule) = domain.find(&descriptor.entries) else {
@@ -273,9 +316,9 @@ fn plan<'p>(policy: &'p Policy, request: &Request) -> Vec<Plan<'p>> {
             replaced.extend(rule.replaces.iter().map(String::as_str));
             match rule.limit {
                 RuleLimit::Unlimited => Plan::Unlimited,
-                RuleLimit::Limited(limit) => Plan::Counted {
+                RuleLimit::Limited(ref limits) => Plan::Counted {
                     rule: Some(rule),
-                    limit,
+                    limits: Limits::Configured(limits),
                 },
             }
         })

@@ -60,9 +60,9 @@ pub struct Rule {
     /// The reference's stats key, e.g. `domain.key1_value1.key2`; names the rule in
     /// `/rlconfig`, logs and metrics.
     pub stats_key: String,
-    /// What is enforced: a counted limit, or nothing at all (`unlimited`).
+    /// What is enforced: counted limits (all must pass), or nothing at all (`unlimited`).
     pub limit: RuleLimit,
-    /// `name` of the rate limit, reported in `current_limit.name` and used by `replaces`.
+    /// `name` of the rate limit (the first named one of `rate_limits`), used by `replaces`.
     pub name: Option<String>,
     /// Names of other rules that this rule replaces when both match one request.
     pub replaces: Vec<String>,
@@ -83,32 +83,49 @@ pub struct Rule {
 }
 
 /// The limit a rule enforces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuleLimit {
     /// `unlimited: true`: always OK, nothing counted.
     Unlimited,
-    /// A counted limit.
-    Limited(RateLimit),
+    /// One limit (`rate_limit`) or several (`rate_limits`), all of which must pass.
+    Limited(Vec<RateLimit>),
 }
 
 /// `requests_per_unit` per `unit`, enforced by `algorithm`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RateLimit {
     /// Hits per unit; 0 means always over the limit.
     pub requests_per_unit: u32,
-    /// The window length.
+    /// The window length (concurrency: the safety TTL of a counter).
     pub unit: Unit,
     /// The algorithm enforcing it.
     pub algorithm: Algorithm,
+    /// Token bucket capacity; `None` for `requests_per_unit`.
+    pub burst: Option<u32>,
+    /// Reported in `current_limit.name`.
+    pub name: Option<String>,
 }
 
 impl RateLimit {
+    /// A fixed-window limit without a name (e.g. a request's override).
+    pub fn fixed(requests_per_unit: u32, unit: Unit) -> Self {
+        Self {
+            requests_per_unit,
+            unit,
+            algorithm: Algorithm::FixedWindow,
+            burst: None,
+            name: None,
+        }
+    }
+
     /// The algorithm's view of this limit.
     pub fn algorithm_limit(&self) -> algorithm::Limit {
+        let requests = u64::from(self.requests_per_unit);
         algorithm::Limit {
-            requests: u64::from(self.requests_per_unit),
+            requests,
             window: self.unit.window(),
             algorithm: self.algorithm,
+            burst: self.burst.map_or(requests, u64::from),
         }
     }
 }
@@ -146,13 +163,24 @@ impl Policy {
     pub fn dump(&self) -> String {
         let mut out = String::new();
         for rule in self.rules() {
-            let _ = match rule.limit {
-                RuleLimit::Unlimited => write!(
-                    out,
-                    "{}: unlimited, shadow_mode: {}, quota_mode: {}",
-                    rule.stats_key, rule.shadow_mode, rule.quota_mode
-                ),
-                RuleLimit::Limited(limit) => write!(
+            let limits = match &rule.limit {
+                RuleLimit::Unlimited => {
+                    let _ = write!(
+                        out,
+                        "{}: unlimited, shadow_mode: {}, quota_mode: {}",
+                        rule.stats_key, rule.shadow_mode, rule.quota_mode
+                    );
+                    if let Some(mode) = rule.failure_mode {
+                        let _ = write!(out, ", failure_mode: {}", mode.as_str());
+                    }
+                    out.push('\n');
+                    continue;
+                }
+                RuleLimit::Limited(limits) => limits,
+            };
+            // One line per limit, in the reference's layout, then Sluice's additions.
+            for limit in limits {
+                let _ = write!(
                     out,
                     "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}, algorithm: {}",
                     rule.stats_key,
@@ -161,15 +189,18 @@ impl Policy {
                     rule.shadow_mode,
                     rule.quota_mode,
                     limit.algorithm.as_str(),
-                ),
-            };
-            if let Some(name) = &rule.name {
-                let _ = write!(out, ", name: {name}");
+                );
+                if let Some(burst) = limit.burst {
+                    let _ = write!(out, ", burst: {burst}");
+                }
+                if let Some(name) = &limit.name {
+                    let _ = write!(out, ", name: {name}");
+                }
+                if let Some(mode) = rule.failure_mode {
+                    let _ = write!(out, ", failure_mode: {}", mode.as_str());
+                }
+                out.push('\n');
             }
-            if let Some(mode) = rule.failure_mode {
-                let _ = write!(out, ", failure_mode: {}", mode.as_str());
-            }
-            out.push('\n');
         }
         out
     }

@@ -72,6 +72,7 @@ mod tests {
         requests: 10,
         window: 60 * SECOND,
         algorithm: Algorithm::FixedWindow,
+        burst: 10,
     };
 
     #[test]

@@ -7,6 +7,7 @@ const PER_MINUTE_2: Limit = Limit {
     requests: 2,
     window: 60 * SECOND,
     algorithm: Algorithm::FixedWindow,
+    burst: 2,
 };
 
 fn store(max_keys: u64) -> (MemoryStore, Arc<ManualClock>) {

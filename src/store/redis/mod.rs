@@ -1,6 +1,6 @@
 //! The Redis store: one limit for the whole fleet.
 //!
-//! Every request's counters go to Redis in one Lua script call (`counters.lua`) that reads
+//! Every request's counters go to Redis in one Lua script call (`lua/*.lua`) that reads
 //! Redis's clock, decides every counter and charges them all or none. On a single node (or
 //! the Sentinel master) that is one call per request. In a Cluster, counters are grouped by
 //! hash slot, one call per group; when the request is rejected as a whole, the hits already
@@ -11,7 +11,7 @@ mod connect;
 mod slot;
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use redis::Script;
 
@@ -19,17 +19,29 @@ use connect::{ConnHandle, Connector};
 pub use connect::{RedisKind, RedisOptions};
 
 use super::{Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted};
-use crate::algorithm::{Decision, Micros};
+use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::clock::Clock;
 
-/// The script; `redis::Script` sends EVALSHA and falls back to EVAL (reloading it) after
+/// The script: one function per algorithm (each mirroring its Rust file) and the batch
+/// driver. `redis::Script` sends EVALSHA and falls back to EVAL (loading it again) after
 /// NOSCRIPT, e.g. when Redis restarted empty.
-static COUNTERS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("counters.lua")));
+pub const SCRIPT: &str = concat!(
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/concurrency.lua"),
+    include_str!("lua/batch.lua"),
+);
+
+static COUNTERS: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT));
 
 /// Counters in Redis.
 pub struct RedisStore {
     connector: Connector,
     prefix: String,
     kind: RedisKind,
+    /// Time sent to the script instead of Redis's `TIME` (tests and simulations only).
+    clock: Option<Arc<dyn Clock>>,
 }
 
 /// One script call's answer.
@@ -46,7 +58,16 @@ impl RedisStore {
             connector: Connector::new(options)?,
             prefix: options.key_prefix.clone(),
             kind: options.kind,
+            clock: None,
         })
+    }
+
+    /// Makes the script use `clock` instead of Redis's own `TIME`. For tests that need a
+    /// pinned clock (the same worked cases on every store); never in production, where the
+    /// whole fleet must share Redis's clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
     }
 
     /// Runs the script over `ops` (all in one slot in a Cluster).
@@ -58,7 +79,9 @@ impl RedisStore {
         guards: Option<&[i64]>,
     ) -> Result<Reply, StoreError> {
         let mut invocation = COUNTERS.prepare_invoke();
-        invocation.arg(u8::from(always_admit));
+        invocation
+            .arg(u8::from(always_admit))
+            .arg(self.clock.as_ref().map_or(0, |c| c.now()));
         let mut key = String::with_capacity(self.prefix.len() + 64);
         for (i, op) in ops.iter().enumerate() {
             key.clear();
@@ -71,9 +94,17 @@ impl RedisStore {
                 Role::Quota if quota_as_shadow => 1,
                 Role::Quota => 2,
             };
+            let algorithm = match op.limit.algorithm {
+                Algorithm::FixedWindow => 1,
+                Algorithm::SlidingWindow => 2,
+                Algorithm::TokenBucket => 3,
+                Algorithm::Concurrency => 4,
+            };
             invocation
+                .arg(algorithm)
                 .arg(op.limit.requests)
                 .arg(op.limit.window)
+                .arg(op.limit.burst)
                 .arg(op.hits)
                 .arg(role)
                 .arg(guards.map_or(-1, |g| g[i]));
