@@ -1,0 +1,311 @@
+//! One table of worked cases (DESIGN §4 and the pattern's literature) that the pure
+//! functions, the memory store and the Redis store all pass, with the same pinned clock.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::redis::RedisServer;
+use sluice::algorithm::{self, Algorithm, Decision, Limit, Micros, SECOND, State};
+use sluice::clock::{Clock, ManualClock};
+use sluice::store::memory::MemoryOptions;
+use sluice::store::redis::{RedisKind, RedisOptions};
+use sluice::store::{
+    Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store,
+};
+
+const MINUTE: Micros = 60 * SECOND;
+
+/// One step of a case: at `at` (from the case's start, aligned to a minute), send `count`
+/// requests of `hits` on counter `key`; expect `admitted` of them to pass and, if given, the
+/// first decision's `remaining` and `retry_after`.
+struct Step {
+    key: &'static str,
+    at: Micros,
+    hits: i64,
+    count: usize,
+    admitted: usize,
+    remaining: Option<u64>,
+    retry_after: Option<Option<Micros>>,
+}
+
+const fn burst(key: &'static str, at: Micros, count: usize, admitted: usize) -> Step {
+    Step {
+        key,
+        at,
+        hits: 1,
+        count,
+        admitted,
+        remaining: None,
+        retry_after: None,
+    }
+}
+
+const fn one(
+    key: &'static str,
+    at: Micros,
+    hits: i64,
+    allowed: bool,
+    remaining: u64,
+    retry_after: Option<Micros>,
+) -> Step {
+    Step {
+        key,
+        at,
+        hits,
+        count: 1,
+        admitted: allowed as usize,
+        remaining: Some(remaining),
+        retry_after: Some(retry_after),
+    }
+}
+
+struct Case {
+    name: &'static str,
+    limit: Limit,
+    steps: Vec<Step>,
+}
+
+fn limit(algorithm: Algorithm, requests: u64, window: Micros, burst: u64) -> Limit {
+    Limit {
+        requests,
+        window,
+        algorithm,
+        burst,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    use Algorithm::*;
+    vec![
+        Case {
+            // Capacity 5, refilling 2 per second: 8 simultaneous requests.
+            name: "token bucket 5 at 2/s",
+            limit: limit(TokenBucket, 2, SECOND, 5),
+            steps: vec![
+                burst("a", 0, 5, 5),
+                one("a", 0, 1, false, 0, Some(SECOND / 2)),
+                burst("a", 0, 2, 0),
+                one("b", 0, 1, true, 4, None),
+                // Two tokens came back in that second.
+                one("a", SECOND, 1, true, 1, None),
+            ],
+        },
+        Case {
+            name: "token bucket 2 at 1/s",
+            limit: limit(TokenBucket, 1, SECOND, 2),
+            steps: vec![
+                one("a", 0, 1, true, 1, None),
+                one("a", 0, 1, true, 0, None),
+                one("a", 0, 1, false, 0, Some(SECOND)),
+                one("b", 0, 1, true, 1, None),
+                one("a", SECOND, 1, true, 0, None),
+            ],
+        },
+        Case {
+            // 100 at second 59.9 and 100 at 60.1: the boundary burst.
+            name: "fixed window 100/min across a boundary",
+            limit: limit(FixedWindow, 100, MINUTE, 100),
+            steps: vec![
+                burst("a", 59_900_000, 100, 100),
+                burst("a", 60_100_000, 100, 100),
+            ],
+        },
+        Case {
+            name: "sliding window 100/min across a boundary",
+            limit: limit(SlidingWindow, 100, MINUTE, 100),
+            steps: vec![
+                burst("a", 59_900_000, 100, 100),
+                one("a", 60_100_000, 1, false, 0, Some(500_000)),
+                burst("a", 60_100_000, 99, 0),
+                burst("a", 90 * SECOND, 100, 50),
+            ],
+        },
+        Case {
+            // 70 in the middle of one window, then a quarter into the next: 100 - 0.75 * 70.
+            name: "sliding window weighs the previous window",
+            limit: limit(SlidingWindow, 100, MINUTE, 100),
+            steps: vec![
+                burst("a", 30 * SECOND, 70, 70),
+                burst("a", 75 * SECOND, 100, 47),
+            ],
+        },
+        Case {
+            name: "fixed window 10/s: two bursts around a second boundary",
+            limit: limit(FixedWindow, 10, SECOND, 10),
+            steps: vec![burst("a", 990_000, 10, 10), burst("a", 1_010_000, 10, 10)],
+        },
+        Case {
+            name: "sliding window 10/s: two bursts around a second boundary",
+            limit: limit(SlidingWindow, 10, SECOND, 10),
+            steps: vec![burst("a", 990_000, 10, 10), burst("a", 1_010_000, 10, 0)],
+        },
+        Case {
+            name: "concurrency 2: acquire, release",
+            limit: limit(Concurrency, 2, MINUTE, 2),
+            steps: vec![
+                one("a", 0, 1, true, 1, None),
+                one("a", 0, 1, true, 0, None),
+                one("a", 0, 1, false, 0, Some(SECOND)),
+                one("a", 10, -1, true, 1, None),
+                one("a", 20, 1, true, 0, None),
+                one("a", 30, -5, true, 2, None),
+            ],
+        },
+        Case {
+            name: "refunds never exceed the limit",
+            limit: limit(SlidingWindow, 5, MINUTE, 5),
+            steps: vec![burst("a", 0, 3, 3), one("a", 1, -10, true, 5, None)],
+        },
+    ]
+}
+
+/// Something that decides one counter at a pinned time.
+trait Decider {
+    async fn decide(&mut self, key: &str, limit: &Limit, now: Micros, hits: i64) -> Decision;
+}
+
+/// The pure functions, storing state only when allowed (as the stores do).
+#[derive(Default)]
+struct Pure(HashMap<String, State>);
+
+impl Decider for Pure {
+    async fn decide(&mut self, key: &str, limit: &Limit, now: Micros, hits: i64) -> Decision {
+        let t = algorithm::decide(self.0.get(key), limit, now, hits);
+        if t.decision.allowed && hits != 0 {
+            self.0.insert(key.to_owned(), t.next);
+        }
+        t.decision
+    }
+}
+
+/// A store with a manual clock.
+struct WithClock<S> {
+    store: S,
+    clock: Arc<ManualClock>,
+    namespace: String,
+}
+
+impl<S: Store> Decider for WithClock<S> {
+    async fn decide(&mut self, key: &str, limit: &Limit, now: Micros, hits: i64) -> Decision {
+        self.clock.set(now);
+        let op = CounterOp {
+            key: CounterKey::new(&self.namespace, [("k", key)], limit),
+            limit: *limit,
+            hits,
+            role: Role::Enforce,
+            failure_mode: FailureMode::Allow,
+        };
+        let batch = Batch {
+            ops: vec![op],
+            always_admit: false,
+        };
+        self.store.apply(&batch).await.unwrap().decisions[0]
+    }
+}
+
+/// A start time aligned to a minute, two days ahead of the real clock, so that keys written
+/// to Redis with absolute expiries stay until the case is over.
+fn base() -> Micros {
+    let day = 86_400 * SECOND;
+    let now = sluice::clock::SystemClock.now();
+    (now / day + 2) * day
+}
+
+async fn run(backend: &str, mut make: impl FnMut(&str) -> Box<dyn FnMutDecider>) {
+    for case in cases() {
+        let mut decider = make(case.name);
+        let start = base();
+        for (i, step) in case.steps.iter().enumerate() {
+            let mut admitted = 0;
+            for n in 0..step.count {
+                let d = decider
+                    .call(step.key, &case.limit, start + step.at, step.hits)
+                    .await;
+                admitted += usize::from(d.allowed);
+                if n == 0 {
+                    if let Some(remaining) = step.remaining {
+                        assert_eq!(
+                            d.remaining, remaining,
+                            "{backend}: {} step {i}: remaining",
+                            case.name
+                        );
+                    }
+                    if let Some(retry) = step.retry_after {
+                        assert_eq!(
+                            d.retry_after, retry,
+                            "{backend}: {} step {i}: retry_after",
+                            case.name
+                        );
+                    }
+                }
+            }
+            assert_eq!(
+                admitted, step.admitted,
+                "{backend}: {} step {i}: admitted",
+                case.name
+            );
+        }
+    }
+}
+
+/// Object-safe wrapper so that one runner drives every backend.
+trait FnMutDecider {
+    fn call<'a>(
+        &'a mut self,
+        key: &'a str,
+        limit: &'a Limit,
+        now: Micros,
+        hits: i64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + 'a>>;
+}
+
+impl<D: Decider> FnMutDecider for D {
+    fn call<'a>(
+        &'a mut self,
+        key: &'a str,
+        limit: &'a Limit,
+        now: Micros,
+        hits: i64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + 'a>> {
+        Box::pin(self.decide(key, limit, now, hits))
+    }
+}
+
+#[tokio::test]
+async fn the_pure_functions_pass_the_worked_cases() {
+    run("pure", |_| Box::new(Pure::default())).await;
+}
+
+#[tokio::test]
+async fn the_memory_store_passes_the_worked_cases() {
+    run("memory", |_| {
+        let clock = Arc::new(ManualClock::new(0));
+        Box::new(WithClock {
+            store: MemoryStore::new(MemoryOptions::default(), clock.clone()),
+            clock,
+            namespace: "memory".into(),
+        })
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_redis_store_passes_the_worked_cases() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let run_id = format!("{}-{}", std::process::id(), base());
+    run("redis", |case| {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = RedisStore::new(&RedisOptions::new(url.clone(), RedisKind::Single))
+            .unwrap()
+            .with_clock(clock.clone());
+        Box::new(WithClock {
+            store,
+            clock,
+            namespace: format!("{run_id}-{case}"),
+        })
+    })
+    .await;
+}
