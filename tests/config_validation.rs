@@ -96,6 +96,14 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "negative_requests.yaml:6:26: descriptors[0].rate_limit.requests_per_unit: invalid type: integer `-1`",
     "non_map_list.yaml:2:15: descriptors[0]: config error, yaml file contains list of type other than map: a",
     "metadata_not_a_map.yaml: descriptors[0].metadata: error parsing metadata",
+    "burst_without_token_bucket.yaml: descriptors[0].rate_limit.burst: burst is only valid with algorithm: token_bucket",
+    "zero_burst.yaml: descriptors[0].rate_limit.burst: burst must be at least 1",
+    "bad_algorithm.yaml: descriptors[0].rate_limit.algorithm: invalid algorithm 'leaky_bucket' (expected fixed_window, sliding_window, token_bucket or concurrency)",
+    "rate_limit_and_rate_limits.yaml: descriptors[0]: rate_limit and rate_limits are mutually exclusive",
+    "empty_rate_limits.yaml: descriptors[0].rate_limits: rate_limits must not be empty",
+    "unlimited_in_rate_limits.yaml: descriptors[0].rate_limits[1]: unlimited is not allowed in rate_limits",
+    "duplicate_limits.yaml: descriptors[0].rate_limits[1]: two rate_limits with unit SECOND and algorithm fixed_window",
+    "negative_burst.yaml:4:86: descriptors[0].rate_limit.burst: invalid type: integer `-3`, expected a whole number from 0 to 4294967295",
     "bad_failure_mode.yaml: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny or local)",
 ];
 
