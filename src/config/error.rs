@@ -75,7 +75,10 @@ impl ConfigError {
                 "a rate_limit mapping (unit, requests_per_unit, ...)",
             ),
             ("struct RawReplaces", "a replaces entry mapping (name)"),
-            ("expected u32", "expected a whole number from 0 to 4294967295"),
+            (
+                "expected u32",
+                "expected a whole number from 0 to 4294967295",
+            ),
         ] {
             message = message.replace(internal, shown);
         }
