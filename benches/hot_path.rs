@@ -163,5 +163,56 @@ fn limiter_check(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matcher, memory_store, limiter_check);
+/// Nanoseconds per decision of each algorithm, as a pure function on a live state.
+fn algorithms(c: &mut Criterion) {
+    let mut group = c.benchmark_group("algorithm");
+    for algorithm in Algorithm::ALL {
+        let limit = Limit::new(1_000_000_000, 60 * SECOND, algorithm);
+        let mut now = 1_700_000_000 * SECOND;
+        let mut state = Some(sluice::algorithm::decide(None, &limit, now, 1).next);
+        group.bench_function(algorithm.as_str(), |b| {
+            b.iter(|| {
+                now += 1_000;
+                let t = sluice::algorithm::decide(black_box(state.as_ref()), &limit, now, 1);
+                state = Some(t.next);
+                t.decision
+            })
+        });
+    }
+    group.finish();
+}
+
+/// One single-counter request through the memory store, per algorithm.
+fn memory_store_algorithms(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let _guard = runtime.enter();
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    let mut group = c.benchmark_group("memory_store_algorithm");
+    for algorithm in Algorithm::ALL {
+        let limit = Limit::new(u64::MAX / 4, 60 * SECOND, algorithm);
+        let batch = Batch {
+            ops: vec![CounterOp {
+                key: CounterKey::new("bench", [("k", "v")], &limit),
+                limit,
+                hits: 1,
+                role: Role::Enforce,
+                failure_mode: FailureMode::Allow,
+            }],
+            always_admit: false,
+        };
+        group.bench_function(algorithm.as_str(), |b| {
+            b.iter(|| runtime.block_on(store.apply(black_box(&batch))).unwrap())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    matcher,
+    algorithms,
+    memory_store,
+    memory_store_algorithms,
+    limiter_check
+);
 criterion_main!(benches);
