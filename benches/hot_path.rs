@@ -184,7 +184,10 @@ fn algorithms(c: &mut Criterion) {
 
 /// One single-counter request through the memory store, per algorithm.
 fn memory_store_algorithms(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let _guard = runtime.enter();
     let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
     let mut group = c.benchmark_group("memory_store_algorithm");

@@ -21,6 +21,8 @@ descriptors:
   - key: api_key
     value: unlimited-key
     rate_limit: {unlimited: true}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: concurrency}
 "#;
 
 /// A port that was free a moment ago (Envoy needs fixed ports in its bootstrap).
@@ -65,6 +67,20 @@ static_resources:
             - name: all
               domains: ["*"]
               routes:
+              - match: {{prefix: "/inflight"}}
+                route: {{cluster: upstream}}
+                # Per-route rate limits (the form that carries hits_addend): acquire one
+                # slot on the request path, release it when the stream is done.
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions:
+                      - request_headers: {{header_name: x-tenant, descriptor_key: tenant}}
+                    - apply_on_stream_done: true
+                      hits_addend: {{number: 1, is_negative_hits: true}}
+                      actions:
+                      - request_headers: {{header_name: x-tenant, descriptor_key: tenant}}
               - match: {{prefix: "/"}}
                 route:
                   cluster: upstream
@@ -163,13 +179,17 @@ async fn start_envoy(sluice_port: u16) -> Envoy {
 
 /// GET / through Envoy with an api key: (status, lower-cased header block, body).
 async fn get(envoy: &Envoy, api_key: &str) -> (u16, String, String) {
+    get_path(envoy, "/", &format!("x-api-key: {api_key}")).await
+}
+
+/// GET `path` through Envoy with one extra header line.
+async fn get_path(envoy: &Envoy, path: &str, header: &str) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", envoy.front))
         .await
         .unwrap();
-    let request = format!(
-        "GET / HTTP/1.1\r\nHost: edge\r\nx-api-key: {api_key}\r\nConnection: close\r\n\r\n"
-    );
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: edge\r\n{header}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.unwrap();
@@ -215,5 +235,39 @@ async fn envoy_enforces_the_limit_with_retry_after_and_ratelimit_headers() {
     assert_eq!(get(&envoy, "bob").await.0, 200);
     for _ in 0..4 {
         assert_eq!(get(&envoy, "unlimited-key").await.0, 200);
+    }
+}
+
+/// Slots the tenant has free, asked of Sluice without charging (hits 0).
+async fn free_slots(sluice: &TestServer, tenant: &str) -> u64 {
+    let body = format!(
+        r#"{{"domain":"edge","descriptors":[{{"entries":[{{"key":"tenant","value":"{tenant}"}}],"hitsAddend":0}}]}}"#
+    );
+    let (_, text) = common::http(sluice.http_addr, "POST", "/json", &body)
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["statuses"][0]["limitRemaining"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_releases_concurrency_slots_when_streams_end() {
+    let sluice = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let envoy = start_envoy(sluice.grpc_addr.port()).await;
+    // One slot in flight at a time: every sequential request passes only if Envoy's
+    // stream-done call (is_negative_hits) gave the slot back.
+    for _ in 0..5 {
+        let (status, head, _) = get_path(&envoy, "/inflight", "x-tenant: acme").await;
+        assert_eq!(status, 200, "{head}");
+        // The release is sent after the response; wait for it to land.
+        let mut released = false;
+        for _ in 0..200 {
+            if free_slots(&sluice, "acme").await == 1 {
+                released = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(released, "the slot was never released");
     }
 }
