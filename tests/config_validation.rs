@@ -104,6 +104,9 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "unlimited_in_rate_limits.yaml: descriptors[0].rate_limits[1]: unlimited is not allowed in rate_limits",
     "duplicate_limits.yaml: descriptors[0].rate_limits[1]: two rate_limits with unit SECOND and algorithm fixed_window",
     "negative_burst.yaml:4:86: descriptors[0].rate_limit.burst: invalid type: integer `-3`, expected a whole number from 0 to 4294967295",
+    "priorities_out_of_range.yaml: descriptors[0].priorities.low: priority share 1.5 is not in (0, 1]",
+    "priorities_with_value.yaml: descriptors[0].priorities: priorities need a key-only descriptor",
+    "priorities_without_limit.yaml: descriptors[0].priorities: priorities without rate_limit or rate_limits",
     "bad_failure_mode.yaml: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny or local)",
 ];
 

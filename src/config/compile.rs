@@ -8,7 +8,7 @@ use super::raw::{RawDescriptor, RawFile, RawRateLimit};
 use super::{ConfigError, LoadOptions};
 use crate::algorithm::Algorithm;
 use crate::policy::{
-    Children, Domain, KeyGroup, Node, Pattern, Policy, RateLimit, Rule, RuleLimit,
+    Children, Domain, KeyGroup, Node, Pattern, Policy, Priorities, RateLimit, Rule, RuleLimit,
 };
 use crate::store::FailureMode;
 
@@ -195,7 +195,15 @@ impl Cx<'_> {
         let errors_before = self.errors.len();
         let entries: Vec<(String, &RawRateLimit)> =
             match (&descriptor.rate_limit, &descriptor.rate_limits) {
-                (None, None) => return None,
+                (None, None) => {
+                    if descriptor.priorities.is_some() {
+                        self.error(
+                            &format!("{path}.priorities"),
+                            "priorities without rate_limit or rate_limits",
+                        );
+                    }
+                    return None;
+                }
                 (Some(_), Some(_)) => {
                     self.error(
                         path,
@@ -267,6 +275,7 @@ impl Cx<'_> {
         let name = entries
             .iter()
             .find_map(|(_, raw)| raw.name.clone().filter(|n| !n.is_empty()));
+        let priorities = self.priorities(descriptor, path, unlimited);
         (self.errors.len() == errors_before).then(|| Rule {
             stats_key: stats_key.to_owned(),
             limit: if unlimited {
@@ -282,7 +291,40 @@ impl Cx<'_> {
             value_to_metric: descriptor.value_to_metric,
             shared: self.shared.clone(),
             failure_mode: self.failure_mode,
+            priorities,
         })
+    }
+
+    /// Checks and compiles `priorities:`.
+    fn priorities(
+        &mut self,
+        descriptor: &RawDescriptor,
+        path: &str,
+        unlimited: bool,
+    ) -> Option<Priorities> {
+        let raw = descriptor.priorities.as_ref()?;
+        let path = format!("{path}.priorities");
+        if descriptor.value.as_deref().is_some_and(|v| !v.is_empty()) {
+            self.error(
+                &path,
+                "priorities need a key-only descriptor (no value): the request's value names the priority class",
+            );
+        }
+        if unlimited {
+            self.error(&path, "priorities need a counted limit, not unlimited");
+        }
+        if raw.is_empty() {
+            self.error(&path, "priorities must name at least one class");
+        }
+        for (class, share) in raw {
+            if !(*share > 0.0 && *share <= 1.0) {
+                self.error(
+                    &format!("{path}.{class}"),
+                    format!("priority share {share} is not in (0, 1]"),
+                );
+            }
+        }
+        Priorities::new(raw.iter().map(|(c, s)| (c.clone(), *s)).collect())
     }
 
     /// Compiles one counted limit; `None` (with errors recorded) when it is invalid.

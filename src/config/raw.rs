@@ -59,6 +59,10 @@ pub struct RawDescriptor {
     /// What this rule (and the rules nested below) answers while the store fails.
     #[serde(default)]
     pub failure_mode: Option<String>,
+    /// Priority load shedding: the share of the limit each value (class) may fill, on one
+    /// counter shared by all classes (Sluice extension).
+    #[serde(default)]
+    pub priorities: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// `rate_limit:` of a descriptor.
@@ -111,6 +115,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "share_threshold",
     "metadata",
     "failure_mode",
+    "priorities",
 ];
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",

@@ -3,6 +3,7 @@
 
 mod types;
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
@@ -40,22 +41,12 @@ pub enum LimitError {
     Store(#[from] StoreError),
 }
 
-/// The limits of a counted descriptor.
-enum Limits<'p> {
-    /// A rule's `rate_limit` or `rate_limits`.
-    Configured(&'p [RateLimit]),
-    /// The request's override.
-    Override(RateLimit),
-}
+/// The limits of a counted descriptor: a rule's (scaled to the priority class's share when
+/// the rule has `priorities`), or the request's override.
+type Limits<'p> = Cow<'p, [RateLimit]>;
 
-impl Limits<'_> {
-    fn as_slice(&self) -> &[RateLimit] {
-        match self {
-            Limits::Configured(limits) => limits,
-            Limits::Override(limit) => std::slice::from_ref(limit),
-        }
-    }
-}
+/// The value counters of a `priorities` rule use for the class entry: one counter for all.
+const ALL_PRIORITIES: &str = "(all priorities)";
 
 /// The rate limiter: the current policy plus a store.
 pub struct Limiter {
@@ -126,7 +117,7 @@ impl Limiter {
             self.options.quota_mode && plans.iter().any(|p| matches!(p, Plan::NoLimit));
         for (descriptor, plan) in request.descriptors.iter().zip(&plans) {
             if let Plan::Counted { rule, limits } = plan {
-                for limit in limits.as_slice() {
+                for limit in limits.iter() {
                     let mut op =
                         self.counter_op(&request.domain, descriptor, *rule, limit, domain_mode);
                     if quota_cannot_fail && op.role == Role::Quota {
@@ -162,7 +153,7 @@ impl Limiter {
                     reset_after: None,
                 },
                 Plan::Counted { rule, limits } => {
-                    let limits = limits.as_slice();
+                    let limits = &limits[..];
                     let (own, rest) = decisions.split_at(limits.len());
                     decisions = rest;
                     // Hits of an allowed descriptor in a rejected request were not charged.
@@ -193,10 +184,14 @@ impl Limiter {
         let algorithm_limit = limit.algorithm_limit();
         // `share_threshold` levels count under their pattern, so all matching values share
         // one counter; every other level counts per runtime value.
+        // A `priorities` rule counts every class of its last entry on one counter.
+        let last = descriptor.entries.len() - 1;
+        let prioritized = rule.is_some_and(|r| r.priorities.is_some());
         let entries = descriptor.entries.iter().enumerate().map(|(depth, entry)| {
             let shared = rule
                 .and_then(|r| r.shared.get(depth))
-                .and_then(Option::as_deref);
+                .and_then(Option::as_deref)
+                .or((prioritized && depth == last).then_some(ALL_PRIORITIES));
             (entry.key.as_str(), shared.unwrap_or(entry.value.as_str()))
         });
         let role = match rule {
@@ -307,7 +302,7 @@ fn plan<'p>(policy: &'p Policy, request: &Request) -> Vec<Plan<'p>> {
             if let Some(o) = descriptor.limit {
                 return Plan::Counted {
                     rule: None,
-                    limits: Limits::Override(RateLimit::fixed(o.requests_per_unit, o.unit)),
+                    limits: Cow::Owned(vec![RateLimit::fixed(o.requests_per_unit, o.unit)]),
                 };
             }
             let Some(rule) = domain.find(&descriptor.entries) else {
@@ -318,7 +313,15 @@ fn plan<'p>(policy: &'p Policy, request: &Request) -> Vec<Plan<'p>> {
                 RuleLimit::Unlimited => Plan::Unlimited,
                 RuleLimit::Limited(ref limits) => Plan::Counted {
                     rule: Some(rule),
-                    limits: Limits::Configured(limits),
+                    limits: match (&rule.priorities, descriptor.entries.last()) {
+                        (Some(priorities), Some(class)) => Cow::Owned(
+                            limits
+                                .iter()
+                                .map(|l| priorities.limit_for(&class.value, l))
+                                .collect(),
+                        ),
+                        _ => Cow::Borrowed(limits),
+                    },
                 },
             }
         })

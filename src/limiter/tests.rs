@@ -360,3 +360,48 @@ async fn global_quota_mode_treats_unlimited_descriptors_as_within_quota() {
     assert_eq!(r.code, Code::Ok);
     assert_eq!(r.statuses[0].code, Code::OverLimit);
 }
+
+#[tokio::test]
+async fn priority_classes_share_one_counter_up_to_their_share() {
+    let yaml = "domain: shed\ndescriptors:\n  - key: priority\n    priorities: {critical: 1.0, low: 0.5}\n    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: concurrency}\n";
+    let policy =
+        load_sources(&[("shed.yaml".into(), yaml.into())], LoadOptions::default()).unwrap();
+    let clock = Arc::new(ManualClock::new(START));
+    let store = MemoryStore::new(MemoryOptions::default(), clock);
+    let limiter = Limiter::new(Arc::new(policy), Arc::new(store), LimiterOptions::default());
+    let ask = |class: &str, hits: i64| Request {
+        domain: "shed".into(),
+        descriptors: vec![descriptor(&[("priority", class)], hits)],
+    };
+    let code = |r: Response| r.code;
+    // Low may fill half of the shared capacity ...
+    assert_eq!(code(limiter.check(&ask("low", 1)).await.unwrap()), Code::Ok);
+    assert_eq!(code(limiter.check(&ask("low", 1)).await.unwrap()), Code::Ok);
+    let shed = limiter.check(&ask("low", 1)).await.unwrap();
+    assert_eq!(shed.code, Code::OverLimit);
+    assert_eq!(
+        shed.statuses[0].limit.as_ref().unwrap().requests_per_unit,
+        2
+    );
+    // ... an unnamed class gets the lowest share ...
+    assert_eq!(
+        code(limiter.check(&ask("batch", 1)).await.unwrap()),
+        Code::OverLimit
+    );
+    // ... while critical still has the top half.
+    assert_eq!(
+        code(limiter.check(&ask("critical", 1)).await.unwrap()),
+        Code::Ok
+    );
+    assert_eq!(
+        code(limiter.check(&ask("critical", 1)).await.unwrap()),
+        Code::Ok
+    );
+    assert_eq!(
+        code(limiter.check(&ask("critical", 1)).await.unwrap()),
+        Code::OverLimit
+    );
+    // A release by any class frees capacity for everyone.
+    limiter.check(&ask("critical", -3)).await.unwrap();
+    assert_eq!(code(limiter.check(&ask("low", 1)).await.unwrap()), Code::Ok);
+}

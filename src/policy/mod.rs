@@ -80,6 +80,46 @@ pub struct Rule {
     /// What to answer while the store fails: the rule's own (or an enclosing descriptor's)
     /// `failure_mode`, else the domain's; `None` for the process default.
     pub failure_mode: Option<FailureMode>,
+    /// Priority load shedding: one counter for every value of the last entry, which names
+    /// the priority class.
+    pub priorities: Option<Priorities>,
+}
+
+/// The share of a limit each priority class may fill (`priorities:`), all on one counter:
+/// a class with share 0.5 is admitted only while the shared count is under half the limit,
+/// so the top of the capacity stays for the classes with larger shares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Priorities {
+    shares: HashMap<String, f64>,
+    lowest: f64,
+}
+
+impl Priorities {
+    /// Priorities from `(class, share)` pairs, every share in (0, 1]; `None` when empty.
+    pub fn new(shares: HashMap<String, f64>) -> Option<Self> {
+        let lowest = shares.values().copied().fold(f64::INFINITY, f64::min);
+        (!shares.is_empty()).then_some(Self { shares, lowest })
+    }
+
+    /// The share of `class`; a class the config does not name gets the lowest share, so an
+    /// unexpected value can never take capacity kept for named classes.
+    pub fn share(&self, class: &str) -> f64 {
+        self.shares.get(class).copied().unwrap_or(self.lowest)
+    }
+
+    /// `limit` as seen by `class`: the share applies to the count (token bucket: to the
+    /// burst; the refill rate is the same for everyone).
+    pub fn limit_for(&self, class: &str, limit: &RateLimit) -> RateLimit {
+        let share = self.share(class);
+        let scale = |n: u32| (f64::from(n) * share).floor() as u32;
+        let mut scaled = limit.clone();
+        if limit.algorithm == Algorithm::TokenBucket {
+            scaled.burst = Some(scale(limit.burst.unwrap_or(limit.requests_per_unit)));
+        } else {
+            scaled.requests_per_unit = scale(limit.requests_per_unit);
+        }
+        scaled
+    }
 }
 
 /// The limit a rule enforces.
