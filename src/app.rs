@@ -147,7 +147,7 @@ impl Prepared {
     ) -> Result<(), AppError> {
         let health = Arc::new(Health::default());
         let drain = Drain::new();
-        let rls = RlsService::new(self.limiter.clone());
+        let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone());
 
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let grpc_addr = listeners

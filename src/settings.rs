@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::limiter::LimiterOptions;
+use crate::rls::{ReferenceHeaders, ResponseOptions};
 use crate::store::FailureMode;
 use crate::store::memory::MemoryOptions;
 use crate::store::redis::{RedisKind, RedisOptions};
@@ -31,6 +32,8 @@ pub struct Settings {
     pub resilience: ResilienceOptions,
     /// Entries of the local over-limit cache (0: off).
     pub local_cache_keys: usize,
+    /// Response headers and body.
+    pub response: ResponseOptions,
     /// Global shadow and quota mode.
     pub limiter: LimiterOptions,
     /// Merge files declaring the same domain.
@@ -248,6 +251,42 @@ pub struct ServeArgs {
     #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "15s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// Retry-After on every OVER_LIMIT answer
+    #[arg(long, env = "RETRY_AFTER_HEADER", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = parse_bool)]
+    pub retry_after_header: bool,
+
+    /// The IETF draft RateLimit-Policy and RateLimit headers on every answer
+    #[arg(long, env = "RATELIMIT_HEADERS", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub ratelimit_headers: bool,
+
+    /// The reference service's limit/remaining/reset headers on every answer
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub limit_response_headers_enabled: bool,
+
+    /// Name of the reference's limit header
+    #[arg(long, env = "LIMIT_LIMIT_HEADER", default_value = "RateLimit-Limit")]
+    pub limit_limit_header: String,
+
+    /// Name of the reference's remaining header
+    #[arg(
+        long,
+        env = "LIMIT_REMAINING_HEADER",
+        default_value = "RateLimit-Remaining"
+    )]
+    pub limit_remaining_header: String,
+
+    /// Name of the reference's reset header
+    #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset")]
+    pub limit_reset_header: String,
+
+    /// An application/problem+json body on OVER_LIMIT answers
+    #[arg(long, env = "RESPONSE_PROBLEM_JSON", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub problem_json: bool,
+
     #[arg(long, env = "KUBERNETES_SERVICE_HOST", hide = true)]
     kubernetes_service_host: Option<String>,
 }
@@ -316,6 +355,28 @@ impl ServeArgs {
                 Some(options)
             }
         };
+        for (name, value) in [
+            (
+                "--limit-limit-header (LIMIT_LIMIT_HEADER)",
+                &self.limit_limit_header,
+            ),
+            (
+                "--limit-remaining-header (LIMIT_REMAINING_HEADER)",
+                &self.limit_remaining_header,
+            ),
+            (
+                "--limit-reset-header (LIMIT_RESET_HEADER)",
+                &self.limit_reset_header,
+            ),
+        ] {
+            let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+            if value.is_empty() || !value.chars().all(token) {
+                return Err(SettingsError {
+                    name: name.into(),
+                    message: format!("'{value}' is not an HTTP header name"),
+                });
+            }
+        }
         if self.redis_deadline.is_zero() {
             return Err(SettingsError {
                 name: "--redis-deadline (REDIS_DEADLINE)".into(),
@@ -376,6 +437,18 @@ impl ServeArgs {
             },
             // About 128 bytes per entry: a key, an instant and the map's overhead.
             local_cache_keys: (self.local_cache_size_in_bytes / 128) as usize,
+            response: ResponseOptions {
+                retry_after: self.retry_after_header,
+                draft_headers: self.ratelimit_headers,
+                reference_headers: self
+                    .limit_response_headers_enabled
+                    .then(|| ReferenceHeaders {
+                        limit: self.limit_limit_header.clone(),
+                        remaining: self.limit_remaining_header.clone(),
+                        reset: self.limit_reset_header.clone(),
+                    }),
+                problem_json: self.problem_json,
+            },
             limiter: LimiterOptions {
                 shadow_mode: self.shadow_mode,
                 quota_mode: self.quota_mode,
@@ -408,6 +481,7 @@ impl Settings {
             redis: None,
             resilience: ResilienceOptions::default(),
             local_cache_keys: 0,
+            response: ResponseOptions::default(),
             limiter: LimiterOptions::default(),
             merge_domains: false,
             memory: MemoryOptions::default(),
@@ -557,6 +631,8 @@ mod tests {
         let err =
             settings(&["--redis-type", "sentinel", "--redis-url", "127.0.0.1:26379"]).unwrap_err();
         assert!(err.to_string().contains("master-name"), "{err}");
+        let err = settings(&["--limit-reset-header", "Rate Limit"]).unwrap_err();
+        assert!(err.to_string().contains("LIMIT_RESET_HEADER"), "{err}");
         let err = settings(&["--redis-deadline", "0ms"]).unwrap_err();
         assert!(err.to_string().contains("REDIS_DEADLINE"), "{err}");
     }

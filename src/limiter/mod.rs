@@ -8,10 +8,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
 pub use types::{
-    Code, Descriptor, DescriptorStatus, Entry, LimitOverride, ReportedLimit, Request, Response,
+    AppliedLimit, Code, Descriptor, DescriptorStatus, Entry, LimitOverride, ReportedLimit, Request,
+    Response,
 };
 
-use crate::algorithm::Decision;
+use crate::algorithm::{Algorithm, Decision};
 use crate::policy::{EntryRef, Policy, RateLimit, Rule, RuleLimit};
 use crate::store::{Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError};
 
@@ -135,11 +136,13 @@ impl Limiter {
 
         let admitted = applied.as_ref().is_none_or(|a| a.admitted);
         let mut decisions = applied.as_ref().map_or(&[][..], |a| &a.decisions[..]);
+        let mut limits_out = Vec::with_capacity(batch.ops.len());
         let statuses = request
             .descriptors
             .iter()
             .zip(&plans)
-            .map(|(descriptor, plan)| match plan {
+            .enumerate()
+            .map(|(index, (descriptor, plan))| match plan {
                 Plan::NoLimit => DescriptorStatus {
                     code: Code::Ok,
                     limit: None,
@@ -152,8 +155,11 @@ impl Limiter {
                     remaining: UNLIMITED_REMAINING,
                     reset_after: None,
                 },
-                Plan::Counted { rule, limits } => {
-                    let limits = &limits[..];
+                Plan::Counted {
+                    rule,
+                    limits: plan_limits,
+                } => {
+                    let limits = &plan_limits[..];
                     let (own, rest) = decisions.split_at(limits.len());
                     decisions = rest;
                     // Hits of an allowed descriptor in a rejected request were not charged.
@@ -162,7 +168,17 @@ impl Limiter {
                     } else {
                         descriptor.hits.max(0) as u64
                     };
-                    status(*rule, limits, own, uncharged)
+                    let policy = match rule {
+                        Some(rule) => Cow::Borrowed(rule.stats_key.as_str()),
+                        None => Cow::Owned(override_key(&request.domain, descriptor)),
+                    };
+                    let described = Described {
+                        index,
+                        rule: *rule,
+                        policy: &policy,
+                        quota_mode: rule.is_some_and(|r| r.quota_mode) || self.options.quota_mode,
+                    };
+                    status(&described, limits, own, uncharged, &mut limits_out)
                 }
             })
             .collect();
@@ -170,6 +186,7 @@ impl Limiter {
         Ok(Response {
             code: if admitted { Code::Ok } else { Code::OverLimit },
             statuses,
+            limits: limits_out,
         })
     }
 
@@ -214,15 +231,25 @@ impl Limiter {
     }
 }
 
+/// What [`status`] needs to know about a counted descriptor.
+struct Described<'a> {
+    index: usize,
+    rule: Option<&'a Rule>,
+    policy: &'a str,
+    quota_mode: bool,
+}
+
 /// The status of a descriptor with one decision per limit: over if any limit is over
 /// (reporting the one that makes the client wait longest), else the limit with the least
-/// remaining.
+/// remaining. Every limit is also described in `applied` for the response headers.
 fn status(
-    rule: Option<&Rule>,
+    described: &Described<'_>,
     limits: &[RateLimit],
     decisions: &[Decision],
     uncharged: u64,
+    applied: &mut Vec<AppliedLimit>,
 ) -> DescriptorStatus {
+    let rule = described.rule;
     let shadow = rule.is_some_and(|r| r.shadow_mode);
     let remaining = |limit: &RateLimit, d: &Decision| {
         let back = if d.allowed { uncharged } else { 0 };
@@ -231,11 +258,39 @@ fn status(
         ))
     };
     let over = |d: &Decision| !d.allowed && !shadow;
+    let wait = |d: &Decision| {
+        if over(d) {
+            d.retry_after.unwrap_or(d.reset_after)
+        } else {
+            d.reset_after
+        }
+    };
+    for (limit, d) in limits.iter().zip(decisions) {
+        let algorithm_limit = limit.algorithm_limit();
+        applied.push(AppliedLimit {
+            descriptor: described.index,
+            policy: limit
+                .name
+                .clone()
+                .unwrap_or_else(|| described.policy.to_owned()),
+            quota: if limit.algorithm == Algorithm::TokenBucket {
+                algorithm_limit.burst
+            } else {
+                algorithm_limit.requests
+            },
+            window: (limit.algorithm != Algorithm::Concurrency).then_some(algorithm_limit.window),
+            remaining: remaining(limit, d),
+            reset_after: wait(d),
+            over: over(d) && !described.quota_mode,
+            quota_mode: described.quota_mode,
+            shedding: rule.is_some_and(|r| r.priorities.is_some()),
+        });
+    }
     let pairs = limits.iter().zip(decisions);
     let chosen = pairs
         .clone()
         .filter(|(_, d)| over(d))
-        .max_by_key(|(_, d)| d.retry_after.unwrap_or(d.reset_after))
+        .max_by_key(|(_, d)| wait(d))
         .or_else(|| pairs.min_by_key(|(l, d)| remaining(l, d)));
     let Some((limit, decision)) = chosen else {
         return DescriptorStatus {
@@ -245,21 +300,34 @@ fn status(
             reset_after: None,
         };
     };
-    let is_over = over(decision);
     DescriptorStatus {
-        code: if is_over { Code::OverLimit } else { Code::Ok },
+        code: if over(decision) {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        },
         limit: Some(ReportedLimit {
             requests_per_unit: limit.requests_per_unit,
             unit: limit.unit,
             name: limit.name.clone(),
         }),
         remaining: clamp_u32(remaining(limit, decision)),
-        reset_after: Some(if is_over {
-            decision.retry_after.unwrap_or(decision.reset_after)
-        } else {
-            decision.reset_after
-        }),
+        reset_after: Some(wait(decision)),
     }
+}
+
+/// The reference's key for a request override: `domain.key_value.key2_value2`.
+fn override_key(domain: &str, descriptor: &Descriptor) -> String {
+    let mut key = domain.to_owned();
+    for entry in &descriptor.entries {
+        key.push('.');
+        key.push_str(&entry.key);
+        if !entry.value.is_empty() {
+            key.push('_');
+            key.push_str(&entry.value);
+        }
+    }
+    key
 }
 
 fn validate(request: &Request) -> Result<(), LimitError> {

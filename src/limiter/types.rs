@@ -58,6 +58,33 @@ pub struct Response {
     pub code: Code,
     /// One status per request descriptor, in request order.
     pub statuses: Vec<DescriptorStatus>,
+    /// Every counted limit that applied, in request order (several per descriptor with
+    /// `rate_limits`): what the RateLimit headers describe.
+    pub limits: Vec<AppliedLimit>,
+}
+
+/// One counted limit of a request, as the response headers describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedLimit {
+    /// Index of the descriptor it belongs to.
+    pub descriptor: usize,
+    /// The policy's name: the limit's `name`, else the rule's stats key.
+    pub policy: String,
+    /// Hits the policy allows (token bucket: the burst).
+    pub quota: u64,
+    /// The policy's window; `None` for concurrency, which has none.
+    pub window: Option<Micros>,
+    /// Hits left.
+    pub remaining: u64,
+    /// When over the limit: the time until the hits could pass; otherwise the time until the
+    /// quota is fully restored.
+    pub reset_after: Micros,
+    /// Whether this limit refused the request (shadow and quota-only refusals excluded).
+    pub over: bool,
+    /// Whether it belongs to a quota-mode descriptor.
+    pub quota_mode: bool,
+    /// Whether it is a priority (load shedding) limit rather than a client's quota.
+    pub shedding: bool,
 }
 
 /// The answer for one descriptor.

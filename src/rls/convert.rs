@@ -11,12 +11,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 
+use super::headers::{self, ResponseOptions};
 use crate::algorithm::{Micros, SECOND};
 use crate::limiter::{self, Code, Descriptor, Entry, LimitOverride};
 use crate::policy::Unit;
-
-/// The header that tells a refused client when to come back (RFC 9110).
-pub const RETRY_AFTER: &str = "retry-after";
 
 /// Converts a proto request; `Err` carries the INVALID_ARGUMENT message.
 pub fn request_from_proto(request: RateLimitRequest) -> Result<limiter::Request, String> {
@@ -77,21 +75,25 @@ fn descriptor_from_proto(
     })
 }
 
-/// Converts the limiter's answer to the proto response, adding `Retry-After` on OVER_LIMIT.
-pub fn response_to_proto(response: &limiter::Response) -> RateLimitResponse {
-    let response_headers_to_add = response
-        .retry_after()
-        .map(|after| HeaderValue {
-            key: RETRY_AFTER.to_owned(),
-            value: after.div_ceil(SECOND).max(1).to_string(),
-            ..Default::default()
-        })
-        .into_iter()
-        .collect();
+/// Converts the limiter's answer to the proto response, with the headers and body that
+/// `options` asks for (see [`super::headers`]).
+pub fn response_to_proto(
+    response: &limiter::Response,
+    options: &ResponseOptions,
+) -> RateLimitResponse {
+    let (headers, raw_body) = headers::render(response, options);
     RateLimitResponse {
         overall_code: code_to_proto(response.code) as i32,
         statuses: response.statuses.iter().map(status_to_proto).collect(),
-        response_headers_to_add,
+        response_headers_to_add: headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                value,
+                ..Default::default()
+            })
+            .collect(),
+        raw_body,
         ..Default::default()
     }
 }

@@ -5,6 +5,7 @@
 //! Endpoints: `RateLimitService/ShouldRateLimit`.
 
 pub mod convert;
+pub mod headers;
 mod unwind;
 
 use std::sync::Arc;
@@ -17,18 +18,28 @@ use tonic::{Request, Response, Status};
 
 use crate::limiter::{LimitError, Limiter};
 
+pub use headers::{ReferenceHeaders, ResponseOptions};
 pub use unwind::CatchUnwind;
 
 /// The gRPC service, a thin adapter over the [`Limiter`].
 #[derive(Clone)]
 pub struct RlsService {
     limiter: Arc<Limiter>,
+    options: Arc<ResponseOptions>,
 }
 
 impl RlsService {
-    /// A service answering with `limiter`.
+    /// A service answering with `limiter`, with the default response headers.
     pub fn new(limiter: Arc<Limiter>) -> Self {
-        Self { limiter }
+        Self::with_options(limiter, ResponseOptions::default())
+    }
+
+    /// A service answering with `limiter` and the headers and body `options` ask for.
+    pub fn with_options(limiter: Arc<Limiter>, options: ResponseOptions) -> Self {
+        Self {
+            limiter,
+            options: Arc::new(options),
+        }
     }
 
     /// The tonic server wrapping this service.
@@ -48,7 +59,7 @@ impl RlsService {
                 Status::internal("internal error while answering the request")
             })?
             .map_err(status_from_error)?;
-        Ok(convert::response_to_proto(&response))
+        Ok(convert::response_to_proto(&response, &self.options))
     }
 }
 
