@@ -6,12 +6,13 @@
 //!   any interval of one window's length (the documented bound, reached only when the previous
 //!   window's hits bunched up at its end);
 //! - token bucket: never more than `burst + rate * t` admitted over any interval of length `t`;
-//! - concurrency: never more than `L` in flight;
+//! - concurrency: never more than `L` admitted requests in flight, when every acquisition
+//!   (admitted or refused) is released, as Envoy does;
 //! - every algorithm: decisions are monotone in hits, and refunds never create capacity
 //!   beyond the limit.
 
 use proptest::prelude::*;
-use sluice::algorithm::{Algorithm, Limit, Micros, SECOND, State, decide};
+use sluice::algorithm::{Algorithm, Limit, Micros, SECOND, State, applies_unconditionally, decide};
 
 /// One request: after `gap` microseconds, `hits` hits (negative: a refund).
 #[derive(Debug, Clone, Copy)]
@@ -57,13 +58,11 @@ fn run(limit: &Limit, steps: &[Step]) -> (Vec<(Micros, u64)>, Vec<u64>) {
     for step in steps {
         now += step.gap;
         let t = decide(state.as_ref(), limit, now, step.hits);
-        if t.decision.allowed {
-            if step.hits > 0 {
-                admitted.push((now, step.hits as u64));
-            }
-            if step.hits != 0 {
-                state = Some(t.next);
-            }
+        if t.decision.allowed && step.hits > 0 {
+            admitted.push((now, step.hits as u64));
+        }
+        if (t.decision.allowed && step.hits != 0) || applies_unconditionally(limit, step.hits) {
+            state = Some(t.next);
         }
         remaining.push(t.decision.remaining);
     }
@@ -130,19 +129,25 @@ proptest! {
     }
 
     #[test]
-    fn concurrency_never_exceeds_the_limit_in_flight(
+    fn concurrency_never_admits_more_than_the_limit_in_flight(
         limit in limit_strategy(Algorithm::Concurrency),
-        steps in steps(60 * SECOND),
+        actions in proptest::collection::vec((any::<bool>(), any::<prop::sample::Index>()), 1..200),
     ) {
-        let mut in_flight: i64 = 0;
+        // Clients acquire, or release one of their outstanding acquisitions (admitted or
+        // refused: every acquisition is released, as Envoy does).
+        let mut outstanding: Vec<bool> = Vec::new();
         let mut state = None;
-        for step in &steps {
-            let t = decide(state.as_ref(), &limit, 0, step.hits);
-            if t.decision.allowed && step.hits != 0 {
-                state = Some(t.next);
-                in_flight = (in_flight + step.hits).max(0);
+        for (acquire, pick) in actions {
+            let hits = if acquire || outstanding.is_empty() { 1 } else { -1 };
+            let t = decide(state.as_ref(), &limit, 0, hits);
+            state = Some(t.next);
+            if hits > 0 {
+                outstanding.push(t.decision.allowed);
+            } else {
+                outstanding.remove(pick.index(outstanding.len()));
             }
-            prop_assert!(in_flight as u64 <= limit.requests);
+            let admitted_in_flight = outstanding.iter().filter(|&&a| a).count() as u64;
+            prop_assert!(admitted_in_flight <= limit.requests);
         }
     }
 
@@ -171,7 +176,7 @@ proptest! {
         for step in &steps {
             now += step.gap;
             let t = decide(state.as_ref(), &limit, now, step.hits);
-            if t.decision.allowed && step.hits != 0 {
+            if (t.decision.allowed && step.hits != 0) || applies_unconditionally(&limit, step.hits) {
                 state = Some(t.next);
             }
             let fewer = decide(state.as_ref(), &limit, now, small);

@@ -142,12 +142,14 @@ fn cases() -> Vec<Case> {
             steps: vec![burst("a", 990_000, 10, 10), burst("a", 1_010_000, 10, 0)],
         },
         Case {
+            // Every acquisition is counted, refused ones too, since each gets released.
             name: "concurrency 2: acquire, release",
             limit: limit(Concurrency, 2, MINUTE, 2),
             steps: vec![
                 one("a", 0, 1, true, 1, None),
                 one("a", 0, 1, true, 0, None),
                 one("a", 0, 1, false, 0, Some(SECOND)),
+                one("a", 10, -1, true, 0, None),
                 one("a", 10, -1, true, 1, None),
                 one("a", 20, 1, true, 0, None),
                 one("a", 30, -5, true, 2, None),
@@ -166,14 +168,14 @@ trait Decider {
     async fn decide(&mut self, key: &str, limit: &Limit, now: Micros, hits: i64) -> Decision;
 }
 
-/// The pure functions, storing state only when allowed (as the stores do).
+/// The pure functions, storing state as the stores do (when allowed, or unconditionally).
 #[derive(Default)]
 struct Pure(HashMap<String, State>);
 
 impl Decider for Pure {
     async fn decide(&mut self, key: &str, limit: &Limit, now: Micros, hits: i64) -> Decision {
         let t = algorithm::decide(self.0.get(key), limit, now, hits);
-        if t.decision.allowed && hits != 0 {
+        if (t.decision.allowed && hits != 0) || algorithm::applies_unconditionally(limit, hits) {
             self.0.insert(key.to_owned(), t.next);
         }
         t.decision

@@ -1,9 +1,14 @@
 //! Concurrency: requests in flight, not per time (DESIGN §4).
 //!
 //! Hits acquire (`c + h <= L` passes), refunds release (`is_negative_hits`, sent by Envoy's
-//! `apply_on_stream_done`). There is no window: `limit.window` is a safety TTL. Every change
-//! pushes the counter's expiry that far ahead, so releases that never come (a crashed proxy)
-//! cannot hold capacity forever: once the key is idle for the TTL, it is gone.
+//! `apply_on_stream_done`). Every acquisition is counted, admitted or not, because every one
+//! is released: Envoy sends the stream-done release for refused requests too (see
+//! [`super::applies_unconditionally`]). So `c` is "acquired and not yet released", and only
+//! admitted acquisitions are ever more than `L`-bounded work in flight.
+//!
+//! There is no window: `limit.window` is a safety TTL. Every change pushes the counter's
+//! expiry that far ahead, so releases that never come (a crashed proxy) cannot hold capacity
+//! forever: once the key is idle for the TTL, it is gone.
 
 use super::{Decision, Limit, Micros, SECOND, can_ever_pass};
 
@@ -48,7 +53,10 @@ pub fn decide(
                 retry_after: can_ever_pass(limit.requests, hits as u64)
                     .then_some(SECOND.min(limit.window)),
             },
-            InFlight { count },
+            // Counted anyway: its release will come.
+            InFlight {
+                count: count.saturating_add(hits as u64),
+            },
         ),
     }
 }

@@ -183,6 +183,15 @@ pub fn decide(state: Option<&State>, limit: &Limit, now: Micros, hits: i64) -> T
     }
 }
 
+/// Whether an operation changes its counter even when refused, and even when its request
+/// is refused as a whole: refunds always do, and so do concurrency acquisitions, because
+/// every acquisition is released later whether it was admitted or not (Envoy sends its
+/// stream-done release for refused requests too); counting only admitted ones would let
+/// those releases hand out capacity that was never taken.
+pub fn applies_unconditionally(limit: &Limit, hits: i64) -> bool {
+    hits < 0 || (hits > 0 && limit.algorithm == Algorithm::Concurrency)
+}
+
 /// Whether `hits` can ever pass `limit` (a request larger than the limit never can).
 fn can_ever_pass(limit: u64, hits: u64) -> bool {
     limit > 0 && hits <= limit

@@ -3,8 +3,8 @@
 //!
 //! - `Retry-After` (RFC 9110, whole seconds rounded up) on every OVER_LIMIT;
 //! - the IETF draft-ietf-httpapi-ratelimit-headers-11 fields, as Structured Field lists with
-//!   one item per limit that applied: `RateLimit-Policy: "name";q=100;w=60` and
-//!   `RateLimit: "name";r=50;t=30`;
+//!   one item per quota that applied (load shedding limits are not quotas and are left out):
+//!   `RateLimit-Policy: "name";q=100;w=60` and `RateLimit: "name";r=50;t=30`;
 //! - the reference service's `LIMIT_RESPONSE_HEADERS_ENABLED` trio (limit, remaining, reset);
 //! - an RFC 9457 `application/problem+json` body on OVER_LIMIT.
 
@@ -57,8 +57,11 @@ pub fn render(response: &Response, options: &ResponseOptions) -> (Vec<(String, S
             headers.push(("retry-after".to_owned(), seconds(after).max(1).to_string()));
         }
     }
-    if options.draft_headers && !response.limits.is_empty() {
-        let (policy, state) = draft_fields(&response.limits);
+    // The draft fields describe the client's quotas; load shedding limits are the service's
+    // own capacity, not a quota to announce.
+    let quotas: Vec<&AppliedLimit> = response.limits.iter().filter(|l| !l.shedding).collect();
+    if options.draft_headers && !quotas.is_empty() {
+        let (policy, state) = draft_fields(&quotas);
         headers.push(("ratelimit-policy".to_owned(), policy));
         headers.push(("ratelimit".to_owned(), state));
     }
@@ -86,7 +89,7 @@ fn seconds(micros: Micros) -> u64 {
 }
 
 /// `RateLimit-Policy` and `RateLimit` as Structured Field lists.
-fn draft_fields(limits: &[AppliedLimit]) -> (String, String) {
+fn draft_fields(limits: &[&AppliedLimit]) -> (String, String) {
     let mut policy = String::new();
     let mut state = String::new();
     for (i, limit) in limits.iter().enumerate() {
@@ -286,6 +289,17 @@ mod tests {
         assert_eq!(
             (doc["status"].as_u64(), doc["title"].as_str()),
             (Some(503), Some("Service Unavailable"))
+        );
+    }
+
+    #[test]
+    fn shedding_limits_are_not_announced_as_quotas() {
+        let mut shed = limit("priority", 4, 2, SECOND, false);
+        shed.shedding = true;
+        let (headers, _) = render(&response(Code::Ok, vec![shed]), &all_on());
+        assert!(
+            headers.iter().all(|(n, _)| n != "ratelimit-policy"),
+            "{headers:?}"
         );
     }
 

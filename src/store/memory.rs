@@ -144,16 +144,24 @@ impl MemoryStore {
                 .or_else(|| guards[guard_of(i)].get(&op.key, now));
             let t = algorithm::decide(current.as_ref(), &op.limit, now, op.hits);
             decisions.push(t.decision);
-            if t.decision.allowed && op.hits != 0 {
+            if (t.decision.allowed && op.hits != 0)
+                || algorithm::applies_unconditionally(&op.limit, op.hits)
+            {
                 pending.push((i, t));
             }
         }
 
         let admitted = admitted(&batch.ops, &decisions, batch.always_admit);
         if !admitted {
-            // Nothing is charged, but refunds still return what earlier requests took.
+            // Nothing is charged, but refunds still return what earlier requests took (and
+            // concurrency acquisitions count: their releases will come).
             pending.clear();
-            for (i, op) in batch.ops.iter().enumerate().filter(|(_, op)| op.hits < 0) {
+            for (i, op) in batch
+                .ops
+                .iter()
+                .enumerate()
+                .filter(|(_, op)| algorithm::applies_unconditionally(&op.limit, op.hits))
+            {
                 let current = pending_state(&pending, batch, &op.key)
                     .or_else(|| guards[guard_of(i)].get(&op.key, now));
                 pending.push((

@@ -22,7 +22,7 @@ impl Envoy {
         let child = Command::new("envoy")
             .arg("-c")
             .arg(&config)
-            .args(["--use-dynamic-base-id", "--concurrency", "1", "-l", "warning"])
+            .args(["--use-dynamic-base-id", "--concurrency", "1", "-l", "error"])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

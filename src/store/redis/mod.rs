@@ -19,7 +19,7 @@ use connect::{ConnHandle, Connector};
 pub use connect::{RedisKind, RedisOptions};
 
 use super::{Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted};
-use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::algorithm::{self, Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
 /// The script: one function per algorithm (each mirroring its Rust file) and the batch
@@ -205,7 +205,10 @@ impl RedisStore {
                 .iter()
                 .filter(|&&i| {
                     let op = &batch.ops[i];
-                    op.hits > 0 && decisions.is_none_or(|d| d[i].allowed)
+                    // Concurrency acquisitions stay counted: their releases will come.
+                    op.hits > 0
+                        && !algorithm::applies_unconditionally(&op.limit, op.hits)
+                        && decisions.is_none_or(|d| d[i].allowed)
                 })
                 .map(|&i| CounterOp {
                     hits: -batch.ops[i].hits,

@@ -27,6 +27,12 @@ local function arg(i, field)
   return tonumber(ARGV[2 + (i - 1) * 7 + field])
 end
 
+-- Mirrors algorithm::applies_unconditionally: refunds, and concurrency acquisitions.
+local function unconditional(i)
+  local hits = arg(i, 5)
+  return hits < 0 or (hits > 0 and arg(i, 1) == 4)
+end
+
 -- Runs counter i on top of this request's earlier states (two descriptors may share one).
 local function run(i, states)
   local raw = states[KEYS[i]]
@@ -41,7 +47,7 @@ local states, expiry = {}, {}
 local enforce_over, quota_seen, quota_all_over = false, false, true
 for i = 1, #KEYS do
   local allowed, remaining, reset, retry, next_state, expires = run(i, states)
-  if allowed and arg(i, 5) ~= 0 and next_state then
+  if ((allowed and arg(i, 5) ~= 0) or unconditional(i)) and next_state then
     states[KEYS[i]] = next_state
     expiry[KEYS[i]] = expires
   end
@@ -62,10 +68,11 @@ local admitted = ARGV[1] == '1' or not (enforce_over or (quota_seen and quota_al
 if admitted then
   out[1] = 1
 else
-  -- Nothing is charged, but refunds still return what earlier requests took.
+  -- Nothing is charged, but refunds still return what earlier requests took (and
+  -- concurrency acquisitions count: their releases will come).
   states, expiry = {}, {}
   for i = 1, #KEYS do
-    if arg(i, 5) < 0 then
+    if unconditional(i) then
       local _, _, _, _, next_state, expires = run(i, states)
       states[KEYS[i]] = next_state
       expiry[KEYS[i]] = expires

@@ -1,4 +1,5 @@
--- Concurrency (requests in flight); mirrors src/algorithm/concurrency.rs. State: the count;
+-- Concurrency (requests in flight); mirrors src/algorithm/concurrency.rs. State: the count of
+-- acquisitions not yet released, refused ones included (their releases come too);
 -- every change pushes the key's expiry one safety TTL (`window`) ahead, so lost releases
 -- cannot hold capacity forever.
 local function concurrency(raw, limit, window, burst, now, hits, guard)
@@ -14,5 +15,6 @@ local function concurrency(raw, limit, window, burst, now, hits, guard)
   end
   local retry = -1
   if limit > 0 and hits <= limit then retry = math.min(1000000, window) end
-  return false, math.max(limit - count, 0), 0, retry, nil, expiry
+  -- Counted anyway: every acquisition is released later, admitted or not.
+  return false, math.max(limit - count, 0), 0, retry, tostring(count + hits), expiry
 end
