@@ -287,6 +287,11 @@ pub struct ServeArgs {
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub problem_json: bool,
 
+    /// The reference's dynamic metadata (domain, descriptors, merged rule metadata) on every answer
+    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub response_dynamic_metadata: bool,
+
     #[arg(long, env = "KUBERNETES_SERVICE_HOST", hide = true)]
     kubernetes_service_host: Option<String>,
 }
@@ -448,6 +453,7 @@ impl ServeArgs {
                         reset: self.limit_reset_header.clone(),
                     }),
                 problem_json: self.problem_json,
+                dynamic_metadata: self.response_dynamic_metadata,
             },
             limiter: LimiterOptions {
                 shadow_mode: self.shadow_mode,

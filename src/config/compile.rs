@@ -8,7 +8,8 @@ use super::raw::{RawDescriptor, RawFile, RawRateLimit};
 use super::{ConfigError, LoadOptions};
 use crate::algorithm::Algorithm;
 use crate::policy::{
-    Children, Domain, KeyGroup, Node, Pattern, Policy, Priorities, RateLimit, Rule, RuleLimit,
+    Children, Domain, KeyGroup, MetaValue, Node, Pattern, Policy, Priorities, RateLimit, Rule,
+    RuleLimit,
 };
 use crate::store::FailureMode;
 
@@ -292,6 +293,10 @@ impl Cx<'_> {
             shared: self.shared.clone(),
             failure_mode: self.failure_mode,
             priorities,
+            metadata: match descriptor.metadata.as_ref().map(MetaValue::from_yaml) {
+                Some(MetaValue::Map(map)) if !map.is_empty() => Some(map),
+                _ => None,
+            },
         })
     }
 

@@ -4,7 +4,7 @@
 mod types;
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 pub use types::{
@@ -13,7 +13,7 @@ pub use types::{
 };
 
 use crate::algorithm::{Algorithm, Decision};
-use crate::policy::{EntryRef, Policy, RateLimit, Rule, RuleLimit};
+use crate::policy::{EntryRef, MetaValue, Policy, RateLimit, Rule, RuleLimit, merge_into};
 use crate::store::{Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError};
 
 /// `limit_remaining` reported for `unlimited` rules, as the reference service does.
@@ -61,7 +61,7 @@ enum Plan<'p> {
     /// Unknown domain, no matching rule, or a whitelisted node.
     NoLimit,
     /// `unlimited: true`.
-    Unlimited,
+    Unlimited { rule: &'p Rule },
     /// Counted limits: a configured rule's, or (rule `None`) a request override.
     Counted {
         rule: Option<&'p Rule>,
@@ -137,7 +137,7 @@ impl Limiter {
         let admitted = applied.as_ref().is_none_or(|a| a.admitted);
         let mut decisions = applied.as_ref().map_or(&[][..], |a| &a.decisions[..]);
         let mut limits_out = Vec::with_capacity(batch.ops.len());
-        let statuses = request
+        let statuses: Vec<DescriptorStatus> = request
             .descriptors
             .iter()
             .zip(&plans)
@@ -149,7 +149,7 @@ impl Limiter {
                     remaining: 0,
                     reset_after: None,
                 },
-                Plan::Unlimited => DescriptorStatus {
+                Plan::Unlimited { .. } => DescriptorStatus {
                     code: Code::Ok,
                     limit: None,
                     remaining: UNLIMITED_REMAINING,
@@ -183,10 +183,12 @@ impl Limiter {
             })
             .collect();
 
+        let metadata = merged_metadata(&plans, &statuses);
         Ok(Response {
             code: if admitted { Code::Ok } else { Code::OverLimit },
             statuses,
             limits: limits_out,
+            metadata,
         })
     }
 
@@ -316,6 +318,30 @@ fn status(
     }
 }
 
+/// The `metadata` of every matched rule whose descriptor is not over the limit, merged in
+/// request order (the reference's dynamic metadata); `None` when there is none.
+fn merged_metadata(
+    plans: &[Plan<'_>],
+    statuses: &[DescriptorStatus],
+) -> Option<BTreeMap<String, MetaValue>> {
+    let mut merged: Option<BTreeMap<String, MetaValue>> = None;
+    for (plan, status) in plans.iter().zip(statuses) {
+        let rule = match plan {
+            Plan::Counted {
+                rule: Some(rule), ..
+            }
+            | Plan::Unlimited { rule } => rule,
+            _ => continue,
+        };
+        if let Some(metadata) = &rule.metadata
+            && status.code != Code::OverLimit
+        {
+            merge_into(merged.get_or_insert_with(BTreeMap::new), metadata);
+        }
+    }
+    merged
+}
+
 /// The reference's key for a request override: `domain.key_value.key2_value2`.
 fn override_key(domain: &str, descriptor: &Descriptor) -> String {
     let mut key = domain.to_owned();
@@ -378,7 +404,7 @@ fn plan<'p>(policy: &'p Policy, request: &Request) -> Vec<Plan<'p>> {
             };
             replaced.extend(rule.replaces.iter().map(String::as_str));
             match rule.limit {
-                RuleLimit::Unlimited => Plan::Unlimited,
+                RuleLimit::Unlimited => Plan::Unlimited { rule },
                 RuleLimit::Limited(ref limits) => Plan::Counted {
                     rule: Some(rule),
                     limits: match (&rule.priorities, descriptor.entries.last()) {

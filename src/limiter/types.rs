@@ -1,8 +1,10 @@
 //! The limiter's own request and response types: what Envoy asks and what Sluice answers,
 //! without the proto (which only `rls` and `admin` know).
 
+use std::collections::BTreeMap;
+
 use crate::algorithm::Micros;
-use crate::policy::Unit;
+use crate::policy::{MetaValue, Unit};
 
 /// A rate limit request: a domain and its descriptors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +54,7 @@ pub enum Code {
 }
 
 /// The answer to a [`Request`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Response {
     /// The overall answer; never unknown.
     pub code: Code,
@@ -61,6 +63,8 @@ pub struct Response {
     /// Every counted limit that applied, in request order (several per descriptor with
     /// `rate_limits`): what the RateLimit headers describe.
     pub limits: Vec<AppliedLimit>,
+    /// The merged `metadata` of the matched rules not over the limit.
+    pub metadata: Option<BTreeMap<String, MetaValue>>,
 }
 
 /// One counted limit of a request, as the response headers describe it.

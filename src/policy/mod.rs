@@ -3,11 +3,13 @@
 //! through an `Arc<Policy>`.
 
 mod matcher;
+mod metadata;
 pub use matcher::EntryRef;
+pub use metadata::{MetaValue, merge_into};
 mod pattern;
 mod unit;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 pub use pattern::Pattern;
@@ -83,6 +85,8 @@ pub struct Rule {
     /// Priority load shedding: one counter for every value of the last entry, which names
     /// the priority class.
     pub priorities: Option<Priorities>,
+    /// The descriptor's `metadata` mapping, for the response's dynamic metadata.
+    pub metadata: Option<BTreeMap<String, MetaValue>>,
 }
 
 /// The share of a limit each priority class may fill (`priorities:`), all on one counter:

@@ -24,6 +24,8 @@ pub struct ResponseOptions {
     pub reference_headers: Option<ReferenceHeaders>,
     /// A problem+json body on OVER_LIMIT.
     pub problem_json: bool,
+    /// The reference's `RESPONSE_DYNAMIC_METADATA` Struct on every answer.
+    pub dynamic_metadata: bool,
 }
 
 impl Default for ResponseOptions {
@@ -33,6 +35,7 @@ impl Default for ResponseOptions {
             draft_headers: false,
             reference_headers: None,
             problem_json: false,
+            dynamic_metadata: false,
         }
     }
 }
@@ -208,6 +211,7 @@ mod tests {
             code,
             statuses,
             limits,
+            metadata: None,
         }
     }
 
@@ -221,6 +225,7 @@ mod tests {
                 reset: "RateLimit-Reset".into(),
             }),
             problem_json: true,
+            dynamic_metadata: false,
         }
     }
 

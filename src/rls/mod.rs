@@ -6,6 +6,7 @@
 
 pub mod convert;
 pub mod headers;
+mod metadata;
 mod unwind;
 
 use std::sync::Arc;
@@ -49,6 +50,10 @@ impl RlsService {
 
     /// Answers a decoded request; shared with the `/json` endpoint.
     pub async fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let summary = self
+            .options
+            .dynamic_metadata
+            .then(|| metadata::RequestSummary::of(&request));
         let request = convert::request_from_proto(request).map_err(Status::invalid_argument)?;
         // A panic while answering one request is a bug; it must cost that request only.
         let check = std::pin::pin!(self.limiter.check(&request));
@@ -59,7 +64,9 @@ impl RlsService {
                 Status::internal("internal error while answering the request")
             })?
             .map_err(status_from_error)?;
-        Ok(convert::response_to_proto(&response, &self.options))
+        let mut proto = convert::response_to_proto(&response, &self.options);
+        proto.dynamic_metadata = summary.map(|s| s.into_struct(response.metadata.as_ref()));
+        Ok(proto)
     }
 }
 

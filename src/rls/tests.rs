@@ -1,5 +1,6 @@
 //! The gRPC service called directly through its trait, as tonic-health's tests do.
 
+use super::ResponseOptions;
 use super::*;
 use crate::clock::SystemClock;
 use crate::config::{LoadOptions, load_sources};
@@ -181,4 +182,77 @@ async fn a_panicking_future_becomes_an_error() {
     let fut = std::pin::pin!(async { panic!("boom") });
     let result: Result<(), String> = CatchUnwind::new(fut).await;
     assert_eq!(result.unwrap_err(), "boom");
+}
+
+#[tokio::test]
+async fn dynamic_metadata_describes_the_request_and_merges_rule_metadata() {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let yaml = r#"
+domain: d
+descriptors:
+  - key: a
+    metadata: {owner: team-a, service: {name: s1}}
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: b
+    metadata: {owner: team-b, service: {tier: gold}, extra: 1}
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: closed
+    metadata: {never: shown}
+    rate_limit: {unit: hour, requests_per_unit: 0}
+"#;
+    let policy = load_sources(&[("d.yaml".into(), yaml.into())], LoadOptions::default()).unwrap();
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    let limiter = Arc::new(Limiter::new(
+        Arc::new(policy),
+        Arc::new(store),
+        LimiterOptions::default(),
+    ));
+    let service = RlsService::with_options(
+        limiter,
+        ResponseOptions {
+            dynamic_metadata: true,
+            ..ResponseOptions::default()
+        },
+    );
+    let mut b = RateLimitDescriptor {
+        entries: vec![Entry {
+            key: "b".into(),
+            value: "2".into(),
+        }],
+        ..Default::default()
+    };
+    b.hits_addend = Some(UInt64Value { value: 2 });
+    let d = |key: &str| RateLimitDescriptor {
+        entries: vec![Entry {
+            key: key.into(),
+            value: "1".into(),
+        }],
+        ..Default::default()
+    };
+    let response = call(&service, request(vec![d("a"), b, d("closed")], 3))
+        .await
+        .unwrap();
+    let metadata = response.dynamic_metadata.unwrap();
+    let json = |v: &envoy_types::pb::google::protobuf::Value| format!("{:?}", v.kind);
+    assert!(json(&metadata.fields["domain"]).contains("\"d\""));
+    assert!(matches!(metadata.fields["hitsAddend"].kind, Some(Kind::NumberValue(n)) if n == 3.0));
+    let Some(Kind::ListValue(descriptors)) = &metadata.fields["descriptors"].kind else {
+        panic!()
+    };
+    assert_eq!(descriptors.values.len(), 3);
+    assert!(
+        json(&descriptors.values[1]).contains("b=2")
+            && json(&descriptors.values[1]).contains("hitsAddend")
+    );
+    let Some(Kind::StructValue(merged)) = &metadata.fields["metadata"].kind else {
+        panic!()
+    };
+    // The first descriptor wins scalar conflicts; maps merge; the over-limit one is left out.
+    assert!(json(&merged.fields["owner"]).contains("team-a"));
+    let Some(Kind::StructValue(service_meta)) = &merged.fields["service"].kind else {
+        panic!()
+    };
+    assert_eq!(service_meta.fields.len(), 2);
+    assert!(merged.fields.contains_key("extra"));
+    assert!(!merged.fields.contains_key("never"));
 }
