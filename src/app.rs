@@ -16,6 +16,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{self, ConfigError, LoadOptions};
 use crate::health::Health;
 use crate::limiter::Limiter;
+use crate::metrics::Metrics;
 use crate::rls::RlsService;
 use crate::settings::{Backend, Settings};
 use crate::shutdown::Drain;
@@ -68,6 +69,7 @@ pub struct Prepared {
     settings: Settings,
     limiter: Arc<Limiter>,
     config: Arc<ConfigInfo>,
+    metrics: Arc<Metrics>,
 }
 
 /// Loads and validates the config and builds the store and limiter; binds nothing.
@@ -75,7 +77,12 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
     let options = LoadOptions {
         merge_domains: settings.merge_domains,
     };
+    let metrics = Arc::new(Metrics::new(
+        settings.near_limit_ratio,
+        settings.metrics_max_detailed_series,
+    ));
     let loaded = config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
+    metrics.config_loaded(true);
     let store: Arc<dyn Store> = match settings.backend {
         Backend::Memory => {
             if settings.kubernetes {
@@ -120,15 +127,15 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
         directory: settings.config_dir.display().to_string(),
         files: loaded.files,
     });
-    let limiter = Arc::new(Limiter::new(
-        Arc::new(loaded.policy),
-        store,
-        settings.limiter,
-    ));
+    let limiter = Arc::new(
+        Limiter::new(Arc::new(loaded.policy), store, settings.limiter)
+            .with_observer(metrics.clone()),
+    );
     Ok(Prepared {
         settings,
         limiter,
         config,
+        metrics,
     })
 }
 
@@ -147,7 +154,8 @@ impl Prepared {
     ) -> Result<(), AppError> {
         let health = Arc::new(Health::default());
         let drain = Drain::new();
-        let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone());
+        let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
+            .with_metrics(self.metrics.clone());
 
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let grpc_addr = listeners
@@ -169,6 +177,7 @@ impl Prepared {
             limiter: self.limiter.clone(),
             health: health.clone(),
             config: self.config.clone(),
+            metrics: self.metrics.clone(),
         });
         let http = axum::serve(listeners.http, router).with_graceful_shutdown(drain.started());
 

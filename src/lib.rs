@@ -28,6 +28,7 @@ pub mod config;
 pub mod health;
 pub mod limiter;
 pub mod logging;
+pub mod metrics;
 pub mod policy;
 pub mod rls;
 pub mod settings;

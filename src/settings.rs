@@ -42,6 +42,8 @@ pub struct Settings {
     pub memory: MemoryOptions,
     /// Fraction of a limit from which a hit counts as near the limit (metrics).
     pub near_limit_ratio: f64,
+    /// Cap on metric series of `detailed_metric`/`value_to_metric` rules.
+    pub metrics_max_detailed_series: usize,
     /// Log verbosity and format.
     pub log: LogSettings,
     /// Time allowed for in-flight requests to finish on SIGTERM.
@@ -228,6 +230,10 @@ pub struct ServeArgs {
     /// Ratio of a limit from which hits count as near the limit, in (0, 1]
     #[arg(long, env = "NEAR_LIMIT_RATIO", default_value = "0.8")]
     pub near_limit_ratio: f64,
+
+    /// Cap on metric series of detailed_metric/value_to_metric rules (the rest go to __overflow__)
+    #[arg(long, env = "METRICS_MAX_DETAILED_SERIES", default_value = "10000")]
+    pub metrics_max_detailed_series: usize,
 
     /// Cap on counters the memory store tracks
     #[arg(long, env = "MEMORY_MAX_KEYS", default_value = "1000000")]
@@ -465,6 +471,7 @@ impl ServeArgs {
                 max_keys: self.memory_max_keys,
             },
             near_limit_ratio: self.near_limit_ratio,
+            metrics_max_detailed_series: self.metrics_max_detailed_series,
             log: LogSettings {
                 level,
                 format: self.log_format,
@@ -492,6 +499,7 @@ impl Settings {
             merge_domains: false,
             memory: MemoryOptions::default(),
             near_limit_ratio: 0.8,
+            metrics_max_detailed_series: 10_000,
             log: LogSettings {
                 level: "info".into(),
                 format: LogFormat::Text,

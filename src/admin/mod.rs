@@ -5,7 +5,8 @@
 //!   429 over limit, 400 bad input (with the reason), 503 store unavailable;
 //! - `GET /healthcheck`: 200 `OK` while serving, 500 while draining;
 //! - `GET /ready`: 200 once the policy is loaded and until draining starts, else 503;
-//! - `GET /rlconfig`: the loaded rules, sorted, then `#` lines on the config and the store.
+//! - `GET /rlconfig`: the loaded rules, sorted, then `#` lines on the config and the store;
+//! - `GET /metrics`: Prometheus text exposition.
 
 pub mod json;
 
@@ -22,6 +23,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 use crate::health::Health;
 use crate::limiter::Limiter;
+use crate::metrics::Metrics;
 use crate::rls::RlsService;
 
 /// Where the policy in force came from, for `/rlconfig`.
@@ -44,6 +46,8 @@ pub struct AdminState {
     pub health: Arc<Health>,
     /// The loaded config's origin.
     pub config: Arc<ConfigInfo>,
+    /// Metrics, served at `/metrics`.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The admin router.
@@ -53,6 +57,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthcheck", get(healthcheck))
         .route("/ready", get(ready))
         .route("/rlconfig", get(rlconfig))
+        .route("/metrics", get(metrics))
         .with_state(state)
 }
 
@@ -65,7 +70,7 @@ async fn json_check(State(state): State<AdminState>, body: Bytes) -> Response {
         Ok(request) => request,
         Err(e) => return bad_request(format!("invalid RateLimitRequest JSON: {e}")),
     };
-    match state.rls.answer(request).await {
+    match state.rls.answer_counted("json", request).await {
         Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS
@@ -103,6 +108,22 @@ async fn ready(State(state): State<AdminState>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
     }
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    metrics_text(&state.metrics, &state.limiter)
+}
+
+/// The Prometheus text exposition (also served on `PROMETHEUS_ADDR` when set).
+pub fn metrics_text(metrics: &Metrics, limiter: &Limiter) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics.render(&limiter.store().status()),
+    )
+        .into_response()
 }
 
 async fn rlconfig(State(state): State<AdminState>) -> Response {

@@ -26,6 +26,7 @@ fn state(serving: bool) -> AdminState {
         rls: RlsService::new(limiter.clone()),
         limiter,
         health,
+        metrics: Arc::new(Metrics::new(0.8, 100)),
         config: Arc::new(ConfigInfo {
             directory: "cfg".into(),
             files: vec!["d.yaml".into()],

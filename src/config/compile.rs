@@ -49,6 +49,7 @@ pub fn compile(
             errors: &mut errors,
             shared: Vec::new(),
             failure_mode: None,
+            levels: Vec::new(),
         };
         let file_mode = cx.failure_mode(raw.failure_mode.as_deref(), "failure_mode");
         if file_mode.is_some() {
@@ -84,6 +85,8 @@ struct Cx<'a> {
     shared: Vec<Option<String>>,
     /// The failure mode in force at the current level (descriptor's, or the file's).
     failure_mode: Option<FailureMode>,
+    /// `(key, value)` of the levels down to the current one.
+    levels: Vec<(String, Option<String>)>,
 }
 
 impl Cx<'_> {
@@ -160,6 +163,7 @@ impl Cx<'_> {
             {
                 self.failure_mode = Some(mode);
             }
+            self.levels.push((key.to_owned(), value.map(str::to_owned)));
             self.shared.push(
                 pattern
                     .as_ref()
@@ -178,6 +182,7 @@ impl Cx<'_> {
                 &stats_key,
             );
             self.shared.pop();
+            self.levels.pop();
             self.failure_mode = enclosing_mode;
 
             match (value, pattern) {
@@ -297,6 +302,7 @@ impl Cx<'_> {
                 Some(MetaValue::Map(map)) if !map.is_empty() => Some(map),
                 _ => None,
             },
+            levels: self.levels.clone(),
         })
     }
 

@@ -1,12 +1,14 @@
 //! One rate limit request, end to end: match each descriptor to a rule, apply `replaces`,
 //! send every counter to the store in one batch, and build the statuses and overall code.
 
+mod observe;
 mod types;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, RwLock};
 
+pub use observe::{LimitEvent, NoObserver, Observer};
 pub use types::{
     AppliedLimit, Code, Descriptor, DescriptorStatus, Entry, LimitOverride, ReportedLimit, Request,
     Response,
@@ -54,6 +56,7 @@ pub struct Limiter {
     policy: RwLock<Arc<Policy>>,
     store: Arc<dyn Store>,
     options: LimiterOptions,
+    observer: Arc<dyn Observer>,
 }
 
 /// What one descriptor resolved to.
@@ -76,7 +79,14 @@ impl Limiter {
             policy: RwLock::new(policy),
             store,
             options,
+            observer: Arc::new(NoObserver),
         }
+    }
+
+    /// Reports every decision to `observer` (metrics).
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// The policy currently in force.
@@ -131,8 +141,15 @@ impl Limiter {
         let applied = if batch.ops.is_empty() {
             None
         } else {
-            Some(self.store.apply(&batch).await?)
+            let started = std::time::Instant::now();
+            let result = self.store.apply(&batch).await;
+            self.observer.store_call(started.elapsed(), result.is_ok());
+            Some(result?)
         };
+        if policy.domain(&request.domain).is_none() {
+            self.observer.domain_not_found();
+        }
+        let from_cache = applied.as_ref().is_some_and(|a| a.from_cache);
 
         let admitted = applied.as_ref().is_none_or(|a| a.admitted);
         let mut decisions = applied.as_ref().map_or(&[][..], |a| &a.decisions[..]);
@@ -162,6 +179,16 @@ impl Limiter {
                     let limits = &plan_limits[..];
                     let (own, rest) = decisions.split_at(limits.len());
                     decisions = rest;
+                    for (limit, decision) in limits.iter().zip(own) {
+                        self.observer.limit_decided(&LimitEvent {
+                            domain: &request.domain,
+                            rule: *rule,
+                            descriptor,
+                            limit,
+                            decision,
+                            from_cache,
+                        });
+                    }
                     // Hits of an allowed descriptor in a rejected request were not charged.
                     let uncharged = if admitted {
                         0

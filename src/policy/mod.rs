@@ -87,6 +87,9 @@ pub struct Rule {
     pub priorities: Option<Priorities>,
     /// The descriptor's `metadata` mapping, for the response's dynamic metadata.
     pub metadata: Option<BTreeMap<String, MetaValue>>,
+    /// Per level on the path to this rule: the entry key and the configured value (exact or
+    /// wildcard), `None` for a key-only level. Metrics name series from it.
+    pub levels: Vec<(String, Option<String>)>,
 }
 
 /// The share of a limit each priority class may fill (`priorities:`), all on one counter:

@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use tonic::{Request, Response, Status};
 
 use crate::limiter::{LimitError, Limiter};
+use crate::metrics::Metrics;
 
 pub use headers::{ReferenceHeaders, ResponseOptions};
 pub use unwind::CatchUnwind;
@@ -27,6 +28,7 @@ pub use unwind::CatchUnwind;
 pub struct RlsService {
     limiter: Arc<Limiter>,
     options: Arc<ResponseOptions>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl RlsService {
@@ -40,7 +42,40 @@ impl RlsService {
         Self {
             limiter,
             options: Arc::new(options),
+            metrics: None,
         }
+    }
+
+    /// Counts requests, answers and errors in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Answers a request arriving by `method` (`ShouldRateLimit`, `json`), counting it.
+    pub async fn answer_counted(
+        &self,
+        method: &str,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
+        let started = std::time::Instant::now();
+        let result = self.answer(request).await;
+        if let Some(metrics) = &self.metrics {
+            let code = match &result {
+                Ok(r) if r.overall_code == 2 => "OVER_LIMIT",
+                Ok(_) => "OK",
+                Err(status) => {
+                    metrics.error(match status.code() {
+                        tonic::Code::InvalidArgument => "invalid_request",
+                        tonic::Code::Unavailable => "store_unavailable",
+                        _ => "internal",
+                    });
+                    "ERROR"
+                }
+            };
+            metrics.request(method, code, started.elapsed());
+        }
+        result
     }
 
     /// The tonic server wrapping this service.
@@ -88,7 +123,9 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.answer(request.into_inner()).await.map(Response::new)
+        self.answer_counted("ShouldRateLimit", request.into_inner())
+            .await
+            .map(Response::new)
     }
 }
 

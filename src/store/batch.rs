@@ -70,6 +70,8 @@ pub struct Applied {
     pub admitted: bool,
     /// Whether the decisions came from the failure policy rather than the store.
     pub degraded: bool,
+    /// Whether the local over-limit cache answered without asking the store.
+    pub from_cache: bool,
 }
 
 /// Whether a request whose operations got `decisions` is admitted.

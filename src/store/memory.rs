@@ -178,6 +178,7 @@ impl MemoryStore {
             decisions,
             admitted,
             degraded: false,
+            from_cache: false,
         }
     }
 }
@@ -216,6 +217,7 @@ impl Store for MemoryStore {
             evicted_keys: self.shared.evicted.load(Ordering::Relaxed),
             healthy: true,
             detail: None,
+            failure_mode_answers: [0; 3],
         }
     }
 }

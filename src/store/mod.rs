@@ -52,6 +52,8 @@ pub struct StoreStatus {
     pub healthy: bool,
     /// A line on the store's state, e.g. the breaker and failure-mode answers.
     pub detail: Option<String>,
+    /// Counters answered by the failure policy so far: allow, deny, local.
+    pub failure_mode_answers: [u64; 3],
 }
 
 /// A store call that failed.

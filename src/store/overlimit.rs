@@ -108,6 +108,7 @@ impl OverLimitCache {
                 decisions,
                 admitted: false,
                 degraded: false,
+                from_cache: true,
             });
         }
 

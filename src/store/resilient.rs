@@ -155,6 +155,7 @@ impl Resilient {
             admitted: admitted(&batch.ops, &decisions, batch.always_admit),
             decisions,
             degraded: true,
+            from_cache: false,
         })
     }
 }
@@ -183,6 +184,11 @@ impl Store for Resilient {
             local.load(Ordering::Relaxed),
         ));
         status.healthy = !self.breaker.is_open();
+        status.failure_mode_answers = [
+            allow.load(Ordering::Relaxed),
+            deny.load(Ordering::Relaxed),
+            local.load(Ordering::Relaxed),
+        ];
         status
     }
 }

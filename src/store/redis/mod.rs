@@ -130,6 +130,7 @@ impl RedisStore {
                 decisions: Vec::new(),
                 admitted: true,
                 degraded: false,
+                from_cache: false,
             });
         }
         if !self.connector.is_cluster() {
@@ -139,6 +140,7 @@ impl RedisStore {
                 decisions: reply.decisions,
                 admitted: reply.admitted,
                 degraded: false,
+                from_cache: false,
             });
         }
 
@@ -185,6 +187,7 @@ impl RedisStore {
                 decisions,
                 admitted,
                 degraded: false,
+                from_cache: false,
             }),
             (_, Some(e)) => Err(e),
             (None, None) => Err(StoreError::Internal(
@@ -272,6 +275,7 @@ impl Store for RedisStore {
             evicted_keys: 0,
             healthy: true,
             detail: None,
+            failure_mode_answers: [0; 3],
         }
     }
 }

@@ -1,0 +1,41 @@
+//! What the limiter reports as it answers, for metrics: an observer trait, so that the
+//! limiter does not depend on the metrics module (which sits above it).
+
+use std::time::Duration;
+
+use crate::algorithm::Decision;
+use crate::policy::{RateLimit, Rule};
+
+use super::Descriptor;
+
+/// One counted limit of one request, as decided.
+pub struct LimitEvent<'a> {
+    /// The request's domain.
+    pub domain: &'a str,
+    /// The matched rule; `None` for a request's limit override.
+    pub rule: Option<&'a Rule>,
+    /// The request descriptor.
+    pub descriptor: &'a Descriptor,
+    /// The limit (scaled to the priority class's share where the rule has `priorities`).
+    pub limit: &'a RateLimit,
+    /// The store's decision.
+    pub decision: &'a Decision,
+    /// Whether the local over-limit cache answered.
+    pub from_cache: bool,
+}
+
+/// Receives what the limiter does. Every method has an empty default.
+pub trait Observer: Send + Sync + 'static {
+    /// A counted limit was decided.
+    fn limit_decided(&self, _event: &LimitEvent<'_>) {}
+    /// A request named a domain no config declares.
+    fn domain_not_found(&self) {}
+    /// The store answered (or failed) after `elapsed`.
+    fn store_call(&self, _elapsed: Duration, _ok: bool) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {}

@@ -1,0 +1,443 @@
+//! Prometheus metrics, registered into one explicit `Registry` (no global state), served at
+//! `GET /metrics`.
+//!
+//! Per rule, with labels `domain`, `rule` (the rule's stats key) and the reference's `key1`
+//! and `key2` (its first two levels), counted by hits as the reference service counts them:
+//! `ratelimit_service_rate_limit_{total_hits,within_limit,over_limit,near_limit,
+//! over_limit_with_local_cache,shadow_mode}`. Labels never carry request values, except for
+//! rules with `detailed_metric`/`value_to_metric`, and those are capped: past the cap, hits
+//! go to one `__overflow__` series and are counted. Plus gRPC requests and latency, errors by
+//! type, config loads, store latency, errors, breaker state and failure-mode answers, and
+//! the memory store's size.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::limiter::{LimitEvent, Observer};
+use crate::policy::Policy;
+use crate::store::StoreStatus;
+
+/// Label value of the series that takes hits past the detailed-series cap.
+pub const OVERFLOW: &str = "__overflow__";
+
+/// Every metric of the process.
+pub struct Metrics {
+    registry: Registry,
+    near_limit_ratio: f64,
+    rules: RuleMetrics,
+    /// Per-rule series handles by label tuple (so the hot path does one map lookup), with the
+    /// stats key of the rule that owns them (`None` for request overrides).
+    handles: RwLock<HashMap<[String; 4], (Option<String>, Arc<RuleHandles>)>>,
+    /// Detailed series created so far, against `max_detailed`.
+    detailed: Mutex<HashSet<[String; 4]>>,
+    max_detailed: usize,
+    series_overflow: IntCounter,
+    domain_not_found: IntCounter,
+    grpc_requests: IntCounterVec,
+    grpc_latency: HistogramVec,
+    errors: IntCounterVec,
+    config_load_success: IntCounter,
+    config_load_error: IntCounter,
+    store_latency: Histogram,
+    store_errors: IntCounter,
+    store_healthy: IntGauge,
+    failure_mode: IntCounterVec,
+    failure_mode_seen: Mutex<[u64; 3]>,
+    memory_keys: IntGauge,
+    memory_evicted: IntGauge,
+}
+
+struct RuleMetrics {
+    total_hits: IntCounterVec,
+    within_limit: IntCounterVec,
+    over_limit: IntCounterVec,
+    near_limit: IntCounterVec,
+    over_limit_with_local_cache: IntCounterVec,
+    shadow_mode: IntCounterVec,
+}
+
+struct RuleHandles {
+    total_hits: IntCounter,
+    within_limit: IntCounter,
+    over_limit: IntCounter,
+    near_limit: IntCounter,
+    over_limit_with_local_cache: IntCounter,
+    shadow_mode: IntCounter,
+}
+
+const RULE_LABELS: [&str; 4] = ["domain", "rule", "key1", "key2"];
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(vec.clone()))
+        .expect("unique metric");
+    vec
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
+    g
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// Registers every metric into a new registry. `max_detailed` caps the series of
+    /// `detailed_metric`/`value_to_metric` rules.
+    pub fn new(near_limit_ratio: f64, max_detailed: usize) -> Self {
+        let registry = Registry::new();
+        let r = &registry;
+        let rule = |name: &str, help: &str| {
+            counter_vec(
+                r,
+                &format!("ratelimit_service_rate_limit_{name}"),
+                help,
+                &RULE_LABELS,
+            )
+        };
+        let rules = RuleMetrics {
+            total_hits: rule("total_hits", "Hits counted against the rule"),
+            within_limit: rule("within_limit", "Hits within the limit"),
+            over_limit: rule("over_limit", "Hits over the limit"),
+            near_limit: rule(
+                "near_limit",
+                "Hits within the limit beyond NEAR_LIMIT_RATIO of it",
+            ),
+            over_limit_with_local_cache: rule(
+                "over_limit_with_local_cache",
+                "Hits over the limit answered by the local over-limit cache",
+            ),
+            shadow_mode: rule(
+                "shadow_mode",
+                "Hits over the limit let through by shadow mode",
+            ),
+        };
+        let latency_buckets = vec![
+            0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+        ];
+        let grpc_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_grpc_request_duration_seconds",
+                "gRPC request latency",
+            )
+            .buckets(latency_buckets.clone()),
+            &["method"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(grpc_latency.clone()))
+            .expect("unique metric");
+        let store_latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_store_request_duration_seconds",
+                "Store call latency",
+            )
+            .buckets(latency_buckets),
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(store_latency.clone()))
+            .expect("unique metric");
+        Self {
+            near_limit_ratio,
+            rules,
+            handles: RwLock::default(),
+            detailed: Mutex::default(),
+            max_detailed,
+            series_overflow: counter(
+                r,
+                "sluice_metric_series_overflow_total",
+                "Hits counted in __overflow__ series past the detailed-series cap",
+            ),
+            domain_not_found: counter(
+                r,
+                "ratelimit_service_domain_not_found",
+                "Requests for a domain no config declares",
+            ),
+            grpc_requests: counter_vec(
+                r,
+                "sluice_grpc_requests_total",
+                "gRPC requests by method and code",
+                &["method", "code"],
+            ),
+            grpc_latency,
+            errors: counter_vec(r, "sluice_errors_total", "Errors by type", &["type"]),
+            config_load_success: counter(
+                r,
+                "ratelimit_service_config_load_success",
+                "Config loads that succeeded",
+            ),
+            config_load_error: counter(
+                r,
+                "ratelimit_service_config_load_error",
+                "Config loads that failed (the old config stayed)",
+            ),
+            store_latency,
+            store_errors: counter(r, "sluice_store_errors_total", "Store calls that failed"),
+            store_healthy: gauge(
+                r,
+                "sluice_store_healthy",
+                "1 while the store answers, 0 while its circuit breaker is open",
+            ),
+            failure_mode: counter_vec(
+                r,
+                "sluice_failure_mode_decisions_total",
+                "Counters answered by the failure policy",
+                &["mode"],
+            ),
+            failure_mode_seen: Mutex::default(),
+            memory_keys: gauge(
+                r,
+                "sluice_memory_store_keys",
+                "Counters the memory store tracks",
+            ),
+            memory_evicted: gauge(
+                r,
+                "sluice_memory_store_evicted_keys",
+                "Live counters the memory store evicted at its cap",
+            ),
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition, with the store's state read now.
+    pub fn render(&self, store: &StoreStatus) -> String {
+        self.store_healthy.set(i64::from(store.healthy));
+        if let Some(keys) = store.tracked_keys {
+            self.memory_keys.set(keys as i64);
+        }
+        self.memory_evicted.set(store.evicted_keys as i64);
+        {
+            let mut seen = self
+                .failure_mode_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (i, mode) in ["allow", "deny", "local"].iter().enumerate() {
+                let now = store.failure_mode_answers[i];
+                self.failure_mode
+                    .with_label_values(&[mode])
+                    .inc_by(now.saturating_sub(seen[i]));
+                seen[i] = now.max(seen[i]);
+            }
+        }
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// A gRPC (or `/json`) request answered with `code` after `elapsed`.
+    pub fn request(&self, method: &str, code: &str, elapsed: Duration) {
+        self.grpc_requests.with_label_values(&[method, code]).inc();
+        self.grpc_latency
+            .with_label_values(&[method])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// An error of `kind` (e.g. `invalid_request`, `store_unavailable`).
+    pub fn error(&self, kind: &str) {
+        self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// A config load's outcome.
+    pub fn config_loaded(&self, ok: bool) {
+        if ok {
+            self.config_load_success.inc();
+        } else {
+            self.config_load_error.inc();
+        }
+    }
+
+    /// Drops the series of rules that `policy` no longer has (after a reload).
+    pub fn retain_rules(&self, policy: &Policy) {
+        let live: HashSet<&str> = policy
+            .rules()
+            .iter()
+            .map(|r| r.stats_key.as_str())
+            .collect();
+        let mut handles = self.handles.write().unwrap_or_else(|p| p.into_inner());
+        let mut detailed = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
+        handles.retain(|labels, (owner, _)| {
+            let keep = owner.as_deref().is_none_or(|o| live.contains(o));
+            if !keep {
+                let values: Vec<&str> = labels.iter().map(String::as_str).collect();
+                for vec in self.rules.all() {
+                    let _ = vec.remove_label_values(&values);
+                }
+                detailed.remove(labels);
+            }
+            keep
+        });
+    }
+
+    fn handles(&self, labels: [String; 4], owner: Option<&str>) -> Arc<RuleHandles> {
+        if let Some((_, h)) = self
+            .handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&labels)
+        {
+            return h.clone();
+        }
+        let values: Vec<&str> = labels.iter().map(String::as_str).collect();
+        let r = &self.rules;
+        let handles = Arc::new(RuleHandles {
+            total_hits: r.total_hits.with_label_values(&values),
+            within_limit: r.within_limit.with_label_values(&values),
+            over_limit: r.over_limit.with_label_values(&values),
+            near_limit: r.near_limit.with_label_values(&values),
+            over_limit_with_local_cache: r.over_limit_with_local_cache.with_label_values(&values),
+            shadow_mode: r.shadow_mode.with_label_values(&values),
+        });
+        self.handles
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(labels)
+            .or_insert((owner.map(str::to_owned), handles))
+            .1
+            .clone()
+    }
+
+    /// The labels of an event's series, capping the detailed ones.
+    fn labels(&self, event: &LimitEvent<'_>) -> ([String; 4], bool) {
+        let Some(rule) = event.rule else {
+            // A request override: name it by its keys, never its values.
+            let keys: Vec<&str> = event
+                .descriptor
+                .entries
+                .iter()
+                .map(|e| e.key.as_str())
+                .collect();
+            let rule = format!("{}.{}", event.domain, keys.join("."));
+            let key = |i: usize| keys.get(i).map_or(String::new(), |k| (*k).to_owned());
+            return ([event.domain.to_owned(), rule, key(0), key(1)], false);
+        };
+        let detailed = rule.detailed_metric || rule.value_to_metric;
+        let parts: Vec<String> = rule
+            .levels
+            .iter()
+            .enumerate()
+            .map(|(depth, (key, configured))| {
+                let shared = rule.shared.get(depth).is_some_and(Option::is_some);
+                let runtime = event
+                    .descriptor
+                    .entries
+                    .get(depth)
+                    .map(|e| e.value.as_str());
+                let wildcard = configured.as_deref().is_some_and(|v| v.contains('*'));
+                let use_runtime = !shared
+                    && (rule.detailed_metric
+                        || (rule.value_to_metric && (configured.is_none() || wildcard)));
+                match (use_runtime, runtime, configured) {
+                    (true, Some(v), _) if !v.is_empty() => format!("{key}_{v}"),
+                    (_, _, Some(c)) => format!("{key}_{c}"),
+                    _ => key.clone(),
+                }
+            })
+            .collect();
+        let name = if detailed {
+            format!("{}.{}", event.domain, parts.join("."))
+        } else {
+            rule.stats_key.clone()
+        };
+        let part = |i: usize| parts.get(i).cloned().unwrap_or_default();
+        ([event.domain.to_owned(), name, part(0), part(1)], detailed)
+    }
+}
+
+impl RuleMetrics {
+    fn all(&self) -> [&IntCounterVec; 6] {
+        [
+            &self.total_hits,
+            &self.within_limit,
+            &self.over_limit,
+            &self.near_limit,
+            &self.over_limit_with_local_cache,
+            &self.shadow_mode,
+        ]
+    }
+}
+
+impl Observer for Metrics {
+    fn limit_decided(&self, event: &LimitEvent<'_>) {
+        let hits = event.descriptor.hits;
+        if hits <= 0 {
+            return; // refunds and peeks are not hits
+        }
+        let hits = hits as u64;
+        let (mut labels, detailed) = self.labels(event);
+        if detailed {
+            let mut seen = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
+            if !seen.contains(&labels) {
+                if seen.len() >= self.max_detailed {
+                    labels = [
+                        labels[0].clone(),
+                        OVERFLOW.to_owned(),
+                        String::new(),
+                        String::new(),
+                    ];
+                    self.series_overflow.inc_by(hits);
+                } else {
+                    seen.insert(labels.clone());
+                }
+            }
+        }
+        let h = self.handles(labels, event.rule.map(|r| r.stats_key.as_str()));
+        h.total_hits.inc_by(hits);
+        let d = event.decision;
+        let shadow = event.rule.is_some_and(|r| r.shadow_mode);
+        if d.allowed {
+            h.within_limit.inc_by(hits);
+            let limit = event.limit.algorithm_limit();
+            let quota = if limit.algorithm == crate::algorithm::Algorithm::TokenBucket {
+                limit.burst
+            } else {
+                limit.requests
+            };
+            let near = (quota as f64 * self.near_limit_ratio).floor() as u64;
+            let after = quota.saturating_sub(d.remaining);
+            if after > near {
+                h.near_limit.inc_by((after - near).min(hits));
+            }
+        } else {
+            h.over_limit.inc_by(hits);
+            if event.from_cache {
+                h.over_limit_with_local_cache.inc_by(hits);
+            }
+            if shadow {
+                h.shadow_mode.inc_by(hits);
+            }
+        }
+    }
+
+    fn domain_not_found(&self) {
+        self.domain_not_found.inc();
+    }
+
+    fn store_call(&self, elapsed: Duration, ok: bool) {
+        self.store_latency.observe(elapsed.as_secs_f64());
+        if !ok {
+            self.store_errors.inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

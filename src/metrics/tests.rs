@@ -1,0 +1,163 @@
+//! Metrics counted from real limiter traffic.
+
+use super::*;
+use crate::clock::SystemClock;
+use crate::config::{LoadOptions, load_sources};
+use crate::limiter::{Descriptor, Entry, Limiter, LimiterOptions, Request};
+use crate::store::memory::MemoryOptions;
+use crate::store::{MemoryStore, Store};
+
+const CONFIG: &str = r#"
+domain: m
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: path
+    descriptors:
+      - key: method
+        value: GET
+        rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"#;
+
+fn limiter(metrics: &Arc<Metrics>) -> Limiter {
+    let policy = load_sources(&[("m.yaml".into(), CONFIG.into())], LoadOptions::default()).unwrap();
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    Limiter::new(Arc::new(policy), Arc::new(store), LimiterOptions::default())
+        .with_observer(metrics.clone())
+}
+
+fn request(entries: &[(&str, &str)], hits: i64) -> Request {
+    Request {
+        domain: "m".into(),
+        descriptors: vec![Descriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            limit: None,
+            hits,
+        }],
+    }
+}
+
+/// The value of the sample `name{labels}` in the exposition.
+fn sample(text: &str, name: &str, labels: &str) -> Option<u64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.parse().unwrap())
+}
+
+fn status() -> StoreStatus {
+    MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock)).status()
+}
+
+#[tokio::test]
+async fn per_rule_counters_count_hits_like_the_reference() {
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let limiter = limiter(&metrics);
+    // 12 requests of 1 hit on a limit of 10: 10 within (2 of them near), 2 over.
+    for i in 0..12 {
+        limiter
+            .check(&request(&[("user", &format!("u{}", i % 1))], 1))
+            .await
+            .unwrap();
+    }
+    // A request of 3 hits on the nested rule.
+    limiter
+        .check(&request(&[("path", "/x"), ("method", "GET")], 3))
+        .await
+        .unwrap();
+    let text = metrics.render(&status());
+    let user = r#"domain="m",key1="user",key2="",rule="m.user""#;
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_total_hits", user),
+        Some(12)
+    );
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_within_limit", user),
+        Some(10)
+    );
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_over_limit", user),
+        Some(2)
+    );
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_near_limit", user),
+        Some(2)
+    );
+    let nested = r#"domain="m",key1="path",key2="method_GET",rule="m.path.method_GET""#;
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_total_hits", nested),
+        Some(3)
+    );
+    // Request values never become labels.
+    assert!(!text.contains("u0") && !text.contains("/x"), "{text}");
+}
+
+#[tokio::test]
+async fn shadow_mode_hits_over_the_limit_are_counted() {
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let limiter = limiter(&metrics);
+    for _ in 0..3 {
+        limiter
+            .check(&request(&[("shadowed", "x")], 1))
+            .await
+            .unwrap();
+    }
+    let text = metrics.render(&status());
+    let labels = r#"domain="m",key1="shadowed",key2="",rule="m.shadowed""#;
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_shadow_mode", labels),
+        Some(2)
+    );
+}
+
+#[tokio::test]
+async fn detailed_series_are_capped_with_an_overflow_series() {
+    let metrics = Arc::new(Metrics::new(0.8, 2));
+    let limiter = limiter(&metrics);
+    for tenant in ["a", "b", "c", "d"] {
+        limiter
+            .check(&request(&[("tenant", tenant)], 1))
+            .await
+            .unwrap();
+    }
+    let text = metrics.render(&status());
+    let a = r#"domain="m",key1="tenant_a",key2="",rule="m.tenant_a""#;
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_total_hits", a),
+        Some(1)
+    );
+    let overflow = r#"domain="m",key1="",key2="",rule="__overflow__""#;
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_total_hits", overflow),
+        Some(2)
+    );
+    let overflowed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_metric_series_overflow_total "));
+    assert_eq!(overflowed, Some("2"));
+}
+
+#[tokio::test]
+async fn series_of_removed_rules_disappear_after_a_reload() {
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let limiter = limiter(&metrics);
+    limiter.check(&request(&[("user", "x")], 1)).await.unwrap();
+    assert!(metrics.render(&status()).contains(r#"rule="m.user""#));
+    let smaller = "domain: m\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let policy =
+        load_sources(&[("m.yaml".into(), smaller.into())], LoadOptions::default()).unwrap();
+    metrics.retain_rules(&policy);
+    assert!(!metrics.render(&status()).contains(r#"rule="m.user""#));
+}
