@@ -66,11 +66,8 @@ async fn per_rule_counters_count_hits_like_the_reference() {
     let metrics = Arc::new(Metrics::new(0.8, 100));
     let limiter = limiter(&metrics);
     // 12 requests of 1 hit on a limit of 10: 10 within (2 of them near), 2 over.
-    for i in 0..12 {
-        limiter
-            .check(&request(&[("user", &format!("u{}", i % 1))], 1))
-            .await
-            .unwrap();
+    for _ in 0..12 {
+        limiter.check(&request(&[("user", "u0")], 1)).await.unwrap();
     }
     // A request of 3 hits on the nested rule.
     limiter
