@@ -33,7 +33,7 @@ pub struct Metrics {
     rules: RuleMetrics,
     /// Per-rule series handles by label tuple (so the hot path does one map lookup), with the
     /// stats key of the rule that owns them (`None` for request overrides).
-    handles: RwLock<HashMap<Labels, (Option<String>, Arc<RuleHandles>)>>,
+    handles: RwLock<HashMap<Labels, Series>>,
     /// Detailed series created so far, against `max_detailed`.
     detailed: Mutex<HashSet<[String; 4]>>,
     max_detailed: usize,
@@ -75,6 +75,10 @@ const RULE_LABELS: [&str; 4] = ["domain", "rule", "key1", "key2"];
 
 /// Values of [`RULE_LABELS`].
 type Labels = [String; 4];
+
+/// A rule's series: the stats key of the rule that owns it (`None` for request overrides)
+/// and its counter handles.
+type Series = (Option<String>, Arc<RuleHandles>);
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
