@@ -11,12 +11,13 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
-use crate::admin::{self, AdminState, ConfigInfo};
+use crate::admin::{self, AdminState};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{self, ConfigError, LoadOptions};
 use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
+use crate::reload::{ConfigInfo, ReloadOptions, Reloader, SharedConfigInfo};
 use crate::rls::RlsService;
 use crate::settings::{Backend, Settings};
 use crate::shutdown::Drain;
@@ -68,7 +69,7 @@ impl Listeners {
 pub struct Prepared {
     settings: Settings,
     limiter: Arc<Limiter>,
-    config: Arc<ConfigInfo>,
+    config: SharedConfigInfo,
     metrics: Arc<Metrics>,
 }
 
@@ -123,10 +124,11 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
         store = store.status().kind,
         "rate limit config loaded"
     );
-    let config = Arc::new(ConfigInfo {
+    let config = Arc::new(std::sync::RwLock::new(ConfigInfo {
         directory: settings.config_dir.display().to_string(),
         files: loaded.files,
-    });
+        last_reload: None,
+    }));
     let limiter = Arc::new(
         Limiter::new(Arc::new(loaded.policy), store, settings.limiter)
             .with_observer(metrics.clone()),
@@ -181,6 +183,20 @@ impl Prepared {
         });
         let http = axum::serve(listeners.http, router).with_graceful_shutdown(drain.started());
 
+        let reloader = Reloader::new(
+            ReloadOptions {
+                dir: self.settings.config_dir.clone(),
+                load: LoadOptions {
+                    merge_domains: self.settings.merge_domains,
+                },
+                interval: self.settings.config_watch_interval,
+                settle: std::time::Duration::from_millis(250),
+            },
+            self.limiter.clone(),
+            self.metrics.clone(),
+            self.config.clone(),
+        );
+        let reloading = tokio::spawn(reloader.run(drain.started()));
         let mut grpc = tokio::spawn(grpc);
         let mut http = tokio::spawn(async move { http.await });
         reporter
@@ -198,7 +214,9 @@ impl Prepared {
             result = &mut http => return Err(AppError::Serve(format!("HTTP server stopped: {result:?}"))),
         }
 
-        tracing::info!(grace = ?self.settings.shutdown_grace, "draining");
+        // 1. Tell health checks at once, 2. keep serving while load balancers notice,
+        // 3. stop accepting and let in-flight requests finish within the grace period.
+        tracing::info!(delay = ?self.settings.shutdown_delay, "shutting down: health checks now report not serving");
         health.set_serving(false);
         reporter
             .set_service_status("", ServingStatus::NotServing)
@@ -206,12 +224,15 @@ impl Prepared {
         reporter
             .set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
             .await;
+        tokio::time::sleep(self.settings.shutdown_delay).await;
+        tracing::info!(grace = ?self.settings.shutdown_grace, "draining: no new connections");
         drain.start();
         let drained = tokio::time::timeout(self.settings.shutdown_grace, async {
             let _ = grpc.await;
             let _ = http.await;
         })
         .await;
+        let _ = reloading.await;
         match drained {
             Ok(()) => tracing::info!("drained; exiting"),
             Err(_) => tracing::warn!("grace period over with requests still in flight; exiting"),

@@ -30,6 +30,7 @@ pub mod limiter;
 pub mod logging;
 pub mod metrics;
 pub mod policy;
+pub mod reload;
 pub mod rls;
 pub mod settings;
 pub mod shutdown;

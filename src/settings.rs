@@ -38,6 +38,8 @@ pub struct Settings {
     pub limiter: LimiterOptions,
     /// Merge files declaring the same domain.
     pub merge_domains: bool,
+    /// How often the config directory is checked for changes (0: only on SIGHUP).
+    pub config_watch_interval: Duration,
     /// In-memory store limits.
     pub memory: MemoryOptions,
     /// Fraction of a limit from which a hit counts as near the limit (metrics).
@@ -48,6 +50,9 @@ pub struct Settings {
     pub log: LogSettings,
     /// Time allowed for in-flight requests to finish on SIGTERM.
     pub shutdown_grace: Duration,
+    /// Time the process keeps serving after SIGTERM, with health checks failing, before it
+    /// stops accepting (so that load balancers stop sending first).
+    pub shutdown_delay: Duration,
     /// Running under Kubernetes (several replicas are likely).
     pub kubernetes: bool,
 }
@@ -227,6 +232,10 @@ pub struct ServeArgs {
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub merge_domain_config: bool,
 
+    /// How often the config directory is checked for changes; 0 reloads only on SIGHUP
+    #[arg(long, env = "CONFIG_WATCH_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
+    pub config_watch_interval: Duration,
+
     /// Ratio of a limit from which hits count as near the limit, in (0, 1]
     #[arg(long, env = "NEAR_LIMIT_RATIO", default_value = "0.8")]
     pub near_limit_ratio: f64,
@@ -256,6 +265,11 @@ pub struct ServeArgs {
     /// Time in-flight requests get to finish after SIGTERM (e.g. 15s, 500ms)
     #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "15s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+
+    /// Time Sluice keeps serving after SIGTERM with health checks failing, before it stops
+    /// accepting (so load balancers notice first)
+    #[arg(long, env = "SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
 
     /// Retry-After on every OVER_LIMIT answer
     #[arg(long, env = "RETRY_AFTER_HEADER", value_name = "BOOL", num_args = 0..=1, require_equals = true,
@@ -467,6 +481,7 @@ impl ServeArgs {
                 failure_mode: self.failure_mode,
             },
             merge_domains: self.merge_domain_config,
+            config_watch_interval: self.config_watch_interval,
             memory: MemoryOptions {
                 max_keys: self.memory_max_keys,
             },
@@ -477,6 +492,7 @@ impl ServeArgs {
                 format: self.log_format,
             },
             shutdown_grace: self.shutdown_grace,
+            shutdown_delay: self.shutdown_delay,
             kubernetes: self.kubernetes_service_host.is_some(),
         })
     }
@@ -497,6 +513,7 @@ impl Settings {
             response: ResponseOptions::default(),
             limiter: LimiterOptions::default(),
             merge_domains: false,
+            config_watch_interval: Duration::from_millis(200),
             memory: MemoryOptions::default(),
             near_limit_ratio: 0.8,
             metrics_max_detailed_series: 10_000,
@@ -505,6 +522,7 @@ impl Settings {
                 format: LogFormat::Text,
             },
             shutdown_grace: Duration::from_secs(5),
+            shutdown_delay: Duration::ZERO,
             kubernetes: false,
         }
     }

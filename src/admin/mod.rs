@@ -3,7 +3,7 @@
 //! Endpoints:
 //! - `POST /json`: a `RateLimitRequest` in proto3 JSON → the `RateLimitResponse`; 200 OK,
 //!   429 over limit, 400 bad input (with the reason), 503 store unavailable;
-//! - `GET /healthcheck`: 200 `OK` while serving, 500 while draining;
+//! - `GET /healthcheck`: 200 `OK` while serving, 503 from the moment shutdown starts;
 //! - `GET /ready`: 200 once the policy is loaded and until draining starts, else 503;
 //! - `GET /rlconfig`: the loaded rules, sorted, then `#` lines on the config and the store;
 //! - `GET /metrics`: Prometheus text exposition.
@@ -24,16 +24,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
+use crate::reload::SharedConfigInfo;
 use crate::rls::RlsService;
 
-/// Where the policy in force came from, for `/rlconfig`.
-#[derive(Debug, Clone, Default)]
-pub struct ConfigInfo {
-    /// The config directory.
-    pub directory: String,
-    /// Files loaded, relative to the directory.
-    pub files: Vec<String>,
-}
+pub use crate::reload::ConfigInfo;
 
 /// What the admin handlers share.
 #[derive(Clone)]
@@ -44,8 +38,8 @@ pub struct AdminState {
     pub limiter: Arc<Limiter>,
     /// Serving state.
     pub health: Arc<Health>,
-    /// The loaded config's origin.
-    pub config: Arc<ConfigInfo>,
+    /// The loaded config's origin and the last reload's outcome.
+    pub config: SharedConfigInfo,
     /// Metrics, served at `/metrics`.
     pub metrics: Arc<Metrics>,
 }
@@ -98,7 +92,7 @@ async fn healthcheck(State(state): State<AdminState>) -> Response {
     if state.health.is_serving() {
         (StatusCode::OK, "OK").into_response()
     } else {
-        (StatusCode::INTERNAL_SERVER_ERROR, "draining").into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
     }
 }
 
@@ -129,7 +123,11 @@ pub fn metrics_text(metrics: &Metrics, limiter: &Limiter) -> Response {
 async fn rlconfig(State(state): State<AdminState>) -> Response {
     let policy = state.limiter.policy();
     let mut out = policy.dump();
-    let config = &state.config;
+    let config = state
+        .config
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let _ = writeln!(
         out,
         "# config: {} domains from {} files in {}: {}",
@@ -138,6 +136,9 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
         config.directory,
         config.files.join(", ")
     );
+    if let Some(reload) = &config.last_reload {
+        let _ = writeln!(out, "# last reload: {reload}");
+    }
     let store = state.limiter.store().status();
     let _ = write!(out, "# store: {}", store.kind);
     if let (Some(tracked), Some(max)) = (store.tracked_keys, store.max_keys) {

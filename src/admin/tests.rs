@@ -27,10 +27,11 @@ fn state(serving: bool) -> AdminState {
         limiter,
         health,
         metrics: Arc::new(Metrics::new(0.8, 100)),
-        config: Arc::new(ConfigInfo {
+        config: Arc::new(std::sync::RwLock::new(ConfigInfo {
             directory: "cfg".into(),
             files: vec!["d.yaml".into()],
-        }),
+            last_reload: None,
+        })),
     }
 }
 
@@ -109,7 +110,7 @@ async fn health_and_readiness_follow_the_serving_state() {
     let draining = router(state(false));
     assert_eq!(
         send(&draining, "GET", "/healthcheck", "").await.0,
-        StatusCode::INTERNAL_SERVER_ERROR
+        StatusCode::SERVICE_UNAVAILABLE
     );
     assert_eq!(
         send(&draining, "GET", "/ready", "").await.0,

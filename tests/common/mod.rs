@@ -222,6 +222,7 @@ impl SluiceProcess {
             .args(args)
             .env("LOG_FORMAT", "text")
             .env("LOG_LEVEL", "info")
+            .env("SHUTDOWN_DELAY", "0s")
             .env_remove("REDIS_URL")
             .env_remove("BACKEND_TYPE")
             .stderr(std::process::Stdio::piped())

@@ -1,0 +1,219 @@
+//! Hot reload: watch the config directory, debounce, validate everything, then swap the whole
+//! policy or keep the old one, and say which (a log line, a metric, `/rlconfig`).
+//!
+//! The directory is polled rather than watched with inotify: a fingerprint of every config
+//! file (path, size, modification time, inode, following symlinks) catches Kubernetes
+//! ConfigMap `..data` symlink swaps, atomic renames and in-place edits alike, works on every
+//! filesystem, and costs a few `stat` calls per interval. Editors' temporary files are not
+//! config files (dotfiles, `~` backups, anything not `*.yaml`/`*.yml`). A change is loaded
+//! only once the fingerprint has been stable for a short while, so a half-copied set of files
+//! is never read. SIGHUP reloads at once.
+//!
+//! Counters live in the store under keys derived from the rules, so the counters of rules a
+//! reload leaves unchanged carry on.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use crate::config::{self, LoadOptions};
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
+
+/// Where the policy in force came from, and how the last reload went (for `/rlconfig`).
+#[derive(Debug, Clone, Default)]
+pub struct ConfigInfo {
+    /// The config directory.
+    pub directory: String,
+    /// Files of the policy in force, relative to the directory.
+    pub files: Vec<String>,
+    /// The last reload's outcome, if there was one.
+    pub last_reload: Option<String>,
+}
+
+/// Shared, updated by reloads.
+pub type SharedConfigInfo = Arc<RwLock<ConfigInfo>>;
+
+/// How and where to watch.
+#[derive(Debug, Clone)]
+pub struct ReloadOptions {
+    /// The config directory.
+    pub dir: PathBuf,
+    /// How files are combined.
+    pub load: LoadOptions,
+    /// How often the directory is checked (0: only on SIGHUP).
+    pub interval: Duration,
+    /// How long a change must stay still before it is loaded.
+    pub settle: Duration,
+}
+
+/// The reloader's handles on the running service.
+pub struct Reloader {
+    options: ReloadOptions,
+    limiter: Arc<Limiter>,
+    metrics: Arc<Metrics>,
+    info: SharedConfigInfo,
+}
+
+/// What identifies the state of the config files.
+type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
+
+impl Reloader {
+    /// A reloader that swaps policies into `limiter`.
+    pub fn new(
+        options: ReloadOptions,
+        limiter: Arc<Limiter>,
+        metrics: Arc<Metrics>,
+        info: SharedConfigInfo,
+    ) -> Self {
+        Self {
+            options,
+            limiter,
+            metrics,
+            info,
+        }
+    }
+
+    /// Loads the directory now and swaps the policy in if it is valid; returns whether it was.
+    pub fn reload(&self, reason: &str) -> bool {
+        let dir = &self.options.dir;
+        match config::load_dir(dir, self.options.load) {
+            Ok(loaded) => {
+                let domains = loaded.policy.domain_count();
+                let policy = Arc::new(loaded.policy);
+                self.metrics.retain_rules(&policy);
+                self.limiter.set_policy(policy);
+                self.metrics.config_loaded(true);
+                tracing::info!(
+                    reason,
+                    files = loaded.files.len(),
+                    domains,
+                    "config reloaded"
+                );
+                let mut info = self.info.write().unwrap_or_else(|p| p.into_inner());
+                info.last_reload = Some(format!("ok at {} ({reason})", timestamp()));
+                info.files = loaded.files;
+                true
+            }
+            Err(errors) => {
+                self.metrics.config_loaded(false);
+                for error in &errors {
+                    tracing::warn!(%error, "config reload rejected; the previous config stays");
+                }
+                let mut info = self.info.write().unwrap_or_else(|p| p.into_inner());
+                info.last_reload = Some(format!(
+                    "rejected at {} ({reason}), previous config kept: {}",
+                    timestamp(),
+                    errors
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
+                false
+            }
+        }
+    }
+
+    /// Watches until `shutdown` resolves.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let mut hangup = hangup_signal();
+        let mut last = fingerprint(&self.options.dir);
+        let polling = !self.options.interval.is_zero();
+        let mut tick = tokio::time::interval(if polling {
+            self.options.interval
+        } else {
+            Duration::from_secs(3600)
+        });
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = hangup.recv() => {
+                    self.reload("SIGHUP");
+                    last = fingerprint(&self.options.dir);
+                }
+                _ = tick.tick(), if polling => {
+                    let now = fingerprint(&self.options.dir);
+                    if now == last {
+                        continue;
+                    }
+                    // Let the change settle: a ConfigMap update or a copy of several files
+                    // must be seen whole.
+                    let mut settled = now;
+                    loop {
+                        tokio::time::sleep(self.options.settle).await;
+                        let again = fingerprint(&self.options.dir);
+                        if again == settled {
+                            break;
+                        }
+                        settled = again;
+                    }
+                    self.reload("files changed");
+                    last = settled;
+                }
+            }
+        }
+    }
+}
+
+/// The state of every config file under `dir` (empty if the directory cannot be read).
+fn fingerprint(dir: &Path) -> Fingerprint {
+    let files = config::config_files(dir).unwrap_or_default();
+    files
+        .into_iter()
+        .map(|path| {
+            let meta = std::fs::metadata(&path).ok();
+            let len = meta.as_ref().map_or(0, std::fs::Metadata::len);
+            let modified = meta.as_ref().and_then(|m| m.modified().ok());
+            #[cfg(unix)]
+            let inode = meta.as_ref().map_or(0, std::os::unix::fs::MetadataExt::ino);
+            #[cfg(not(unix))]
+            let inode = 0;
+            (path, len, modified, inode)
+        })
+        .collect()
+}
+
+fn timestamp() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("unix time {secs}")
+}
+
+/// SIGHUP as a stream of events; never fires where signals are unavailable.
+fn hangup_signal() -> Hangup {
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(signal) => Hangup(Some(signal)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP");
+                Hangup(None)
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    Hangup(None)
+}
+
+struct Hangup(
+    #[cfg(unix)] Option<tokio::signal::unix::Signal>,
+    #[cfg(not(unix))] Option<()>,
+);
+
+impl Hangup {
+    async fn recv(&mut self) {
+        match &mut self.0 {
+            #[cfg(unix)]
+            Some(signal) => {
+                if signal.recv().await.is_none() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            _ => std::future::pending::<()>().await,
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Hot reload and shutdown as operators use them: files changed in the watched directory
+//! (plain copies, broken files, ConfigMap-style symlink swaps), SIGHUP, and SIGTERM under
+//! load.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{
+    SluiceProcess, TestServer, config_dir, descriptor, http_get, request, should_rate_limit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::settings::Settings;
+
+const ONE: &str =
+    "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+const FIVE: &str =
+    "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+const OTHER: &str =
+    "domain: other\ndescriptors:\n  - key: j\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
+
+/// Polls `/rlconfig` until it contains `needle`; returns how long that took.
+async fn until_rlconfig(server: &TestServer, needle: &str) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+        if page.contains(needle) {
+            return started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    panic!("/rlconfig never showed '{needle}':\n{page}");
+}
+
+async fn remaining(server: &TestServer, domain: &str, key: &str, value: &str) -> u32 {
+    let mut client = server.client().await;
+    should_rate_limit(
+        &mut client,
+        request(domain, vec![descriptor(&[(key, value)])]),
+    )
+    .await
+    .statuses[0]
+        .limit_remaining
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    // Write beside, then rename: how tools and ConfigMaps replace files atomically.
+    let temp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&temp, text).unwrap();
+    std::fs::rename(temp, dir.join(name)).unwrap();
+}
+
+async fn server_on(dir: &Path) -> TestServer {
+    TestServer::start_with(Settings::for_tests(dir)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_config_takes_effect_within_two_seconds() {
+    let dir = config_dir("reload-good", &[("r.yaml", ONE)]);
+    let server = server_on(&dir).await;
+    assert_eq!(remaining(&server, "r", "k", "a").await, 0);
+    write(&dir, "other.yaml", OTHER);
+    let took = until_rlconfig(&server, "other.j: unit=HOUR requests_per_unit=7").await;
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(remaining(&server, "other", "j", "a").await, 6);
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("# last reload: ok"), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_config_is_rejected_and_the_old_limits_keep_answering() {
+    let dir = config_dir("reload-broken", &[("r.yaml", FIVE)]);
+    let server = server_on(&dir).await;
+    assert_eq!(remaining(&server, "r", "k", "a").await, 4);
+    write(
+        &dir,
+        "r.yaml",
+        "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    );
+    until_rlconfig(&server, "# last reload: rejected").await;
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(
+        page.contains("invalid rate limit unit 'fortnight'"),
+        "{page}"
+    );
+    // The old limits still answer, and counting went on.
+    assert_eq!(remaining(&server, "r", "k", "a").await, 3);
+    let (_, metrics) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("ratelimit_service_config_load_error 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_of_unchanged_rules_survive_a_reload() {
+    let dir = config_dir("reload-counters", &[("r.yaml", FIVE)]);
+    let server = server_on(&dir).await;
+    assert_eq!(remaining(&server, "r", "k", "a").await, 4);
+    assert_eq!(remaining(&server, "r", "k", "a").await, 3);
+    write(&dir, "other.yaml", OTHER);
+    until_rlconfig(&server, "other.j").await;
+    assert_eq!(remaining(&server, "r", "k", "a").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_symlink_swap_is_reloaded() {
+    // Kubernetes mounts a ConfigMap as `..<timestamp>/` directories, a `..data` link to the
+    // current one, and top-level links `file -> ..data/file`; an update swaps `..data`.
+    let dir = common::temp_dir("reload-configmap");
+    let first = dir.join("..2026_01_01");
+    std::fs::create_dir(&first).unwrap();
+    std::fs::write(first.join("r.yaml"), ONE).unwrap();
+    std::os::unix::fs::symlink("..2026_01_01", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/r.yaml", dir.join("r.yaml")).unwrap();
+    let server = server_on(&dir).await;
+    assert_eq!(remaining(&server, "r", "k", "a").await, 0);
+
+    let second = dir.join("..2026_01_02");
+    std::fs::create_dir(&second).unwrap();
+    std::fs::write(second.join("r.yaml"), FIVE).unwrap();
+    std::os::unix::fs::symlink("..2026_01_02", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    until_rlconfig(&server, "r.k: unit=HOUR requests_per_unit=5").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_at_once() {
+    let dir = config_dir("reload-sighup", &[("r.yaml", ONE)]);
+    let process = SluiceProcess::spawn(&dir, &["--config-watch-interval", "0s"]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", process.grpc))
+        .await
+        .unwrap();
+    write(&dir, "r.yaml", FIVE);
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &process.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    loop {
+        let r = should_rate_limit(&mut client, request("r", vec![descriptor(&[("k", "x")])])).await;
+        if r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit
+            == 5
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "SIGHUP did not reload"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_answers_every_request_and_exits_zero() {
+    let dir = config_dir("shutdown", &[("r.yaml", FIVE)]);
+    let mut process =
+        SluiceProcess::spawn(&dir, &["--shutdown-delay", "1s", "--shutdown-grace", "5s"]);
+    let grpc = process.grpc.clone();
+    let load = tokio::spawn(async move {
+        let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .unwrap();
+        let (mut answered, mut failed) = (0u32, 0u32);
+        let started = Instant::now();
+        // Steady load through the shutdown delay: every request gets an answer.
+        while started.elapsed() < Duration::from_millis(900) {
+            match client
+                .should_rate_limit(request("r", vec![descriptor(&[("k", "load")])]))
+                .await
+            {
+                Ok(_) => answered += 1,
+                Err(_) => failed += 1,
+            }
+        }
+        (answered, failed)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    process.terminate();
+    let (answered, failed) = load.await.unwrap();
+    assert!(answered > 0);
+    assert_eq!(failed, 0, "requests failed during the shutdown delay");
+    let status = process.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_fail_at_once_while_requests_are_still_served() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let mut settings = Settings::for_tests(config_dir("shutdown-health", &[("r.yaml", FIVE)]));
+    settings.shutdown_delay = Duration::from_secs(2);
+    let server = TestServer::start_with(settings).await;
+    let (http, mut client) = (server.http_addr, server.client().await);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let stopping = tokio::spawn(server.stop());
+    let started = Instant::now();
+    while http_get(http, "/healthcheck").await.unwrap().0 != 503 {
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "healthcheck still 200"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let grpc_health = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grpc_health.status, ServingStatus::NotServing as i32);
+    // Still answering during the delay.
+    let r = should_rate_limit(&mut client, request("r", vec![descriptor(&[("k", "h")])])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    stopping.await.unwrap().unwrap();
+}
