@@ -22,6 +22,7 @@ use crate::rls::RlsService;
 use crate::settings::{Backend, Settings};
 use crate::shutdown::Drain;
 use crate::store::{MemoryStore, OverLimitCache, RedisStore, Resilient, Store};
+use crate::tls::ReloadingTls;
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -164,11 +165,23 @@ impl Prepared {
             .grpc
             .local_addr()
             .map_err(|e| AppError::Serve(e.to_string()))?;
-        let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
-        let grpc = tonic::transport::Server::builder()
+        let grpc_server = tonic::transport::Server::builder()
             .add_service(health_service)
-            .add_service(rls.clone().into_server())
-            .serve_with_incoming_shutdown(incoming, drain.started());
+            .add_service(rls.clone().into_server());
+        let grpc: std::pin::Pin<
+            Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+        > = match &self.settings.grpc_tls {
+            None => {
+                let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+                Box::pin(grpc_server.serve_with_incoming_shutdown(incoming, drain.started()))
+            }
+            Some(files) => {
+                let tls = Arc::new(ReloadingTls::new(files.clone()).map_err(AppError::Serve)?);
+                tracing::info!(mutual = files.client_ca.is_some(), "gRPC over TLS");
+                let incoming = crate::tls::incoming(listeners.grpc, tls);
+                Box::pin(grpc_server.serve_with_incoming_shutdown(incoming, drain.started()))
+            }
+        };
 
         let http_addr = listeners
             .http

@@ -35,4 +35,5 @@ pub mod rls;
 pub mod settings;
 pub mod shutdown;
 pub mod store;
+pub mod tls;
 pub mod tools;

@@ -14,6 +14,7 @@ use crate::store::FailureMode;
 use crate::store::memory::MemoryOptions;
 use crate::store::redis::{RedisKind, RedisOptions};
 use crate::store::resilient::ResilienceOptions;
+use crate::tls::{ReloadingTls, TlsFiles};
 
 /// Validated settings of a serving process.
 #[derive(Debug, Clone)]
@@ -22,6 +23,8 @@ pub struct Settings {
     pub config_dir: PathBuf,
     /// gRPC listen address.
     pub grpc_addr: SocketAddr,
+    /// TLS (and, with a client CA, mutual TLS) on the gRPC listener.
+    pub grpc_tls: Option<TlsFiles>,
     /// Admin HTTP listen address.
     pub http_addr: SocketAddr,
     /// Where counters live.
@@ -119,6 +122,23 @@ pub struct ServeArgs {
     grpc_host: String,
     #[arg(long, env = "GRPC_PORT", hide = true, default_value = "8081")]
     grpc_port: u16,
+
+    /// Serve gRPC over TLS
+    #[arg(long, env = "GRPC_SERVER_USE_TLS", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub grpc_server_use_tls: bool,
+
+    /// PEM certificate chain of the gRPC listener (re-read when it changes)
+    #[arg(long, env = "GRPC_SERVER_TLS_CERT")]
+    pub grpc_server_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of the gRPC listener (re-read when it changes)
+    #[arg(long, env = "GRPC_SERVER_TLS_KEY")]
+    pub grpc_server_tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle client certificates must chain to: turns on mutual TLS
+    #[arg(long, env = "GRPC_CLIENT_TLS_CACERT")]
+    pub grpc_client_tls_cacert: Option<PathBuf>,
 
     /// Admin HTTP listen address [default: $HOST:$PORT, i.e. 0.0.0.0:8080]
     #[arg(long, value_name = "HOST:PORT")]
@@ -332,6 +352,31 @@ impl ServeArgs {
             &self.grpc_host,
             self.grpc_port,
         )?;
+        let grpc_tls = if self.grpc_server_use_tls {
+            let (Some(cert), Some(key)) = (
+                self.grpc_server_tls_cert.clone(),
+                self.grpc_server_tls_key.clone(),
+            ) else {
+                return Err(SettingsError {
+                    name: "GRPC_SERVER_USE_TLS".into(),
+                    message: "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY".into(),
+                });
+            };
+            let files = TlsFiles {
+                cert,
+                key,
+                client_ca: self.grpc_client_tls_cacert.clone(),
+            };
+            // Load once now, so that a bad file stops startup with its name.
+            ReloadingTls::new(files.clone()).map_err(|message| SettingsError {
+                name: "--grpc-server-tls-* (GRPC_SERVER_TLS_CERT/KEY, GRPC_CLIENT_TLS_CACERT)"
+                    .into(),
+                message,
+            })?;
+            Some(files)
+        } else {
+            None
+        };
         let http_addr = resolve_addr(
             "--http-addr (HOST/PORT)",
             self.http_addr,
@@ -451,6 +496,7 @@ impl ServeArgs {
         Ok(Settings {
             config_dir,
             grpc_addr,
+            grpc_tls,
             http_addr,
             backend,
             redis,
@@ -505,6 +551,7 @@ impl Settings {
         Self {
             config_dir: config_dir.into(),
             grpc_addr: loopback,
+            grpc_tls: None,
             http_addr: loopback,
             backend: Backend::Memory,
             redis: None,

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,87 +11,6 @@ use common::{TestServer, config_dir, descriptor, request, should_rate_limit, tem
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::resilient::ResilienceOptions;
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl not found: run ./scripts/test, which installs it");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA.
-fn certificates(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=sluice-test-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ],
-    );
-    // Extensions make X.509 v3 certificates; rustls rejects v1.
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    for name in ["server", "client"] {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                &format!("/CN={name}"),
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
-        let (csr, crt) = (format!("{name}.csr"), format!("{name}.crt"));
-        let ext = format!("{name}.ext");
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-out",
-                &crt,
-                "-extfile",
-                &ext,
-            ],
-        );
-    }
-}
 
 struct TlsRedis {
     child: std::process::Child,
@@ -108,7 +26,7 @@ impl Drop for TlsRedis {
 #[tokio::test]
 async fn redis_over_mutual_tls_with_a_private_ca() {
     let dir = temp_dir("tls");
-    certificates(&dir);
+    common::certs::make(&dir);
     let port = free_port();
     let child = Command::new("redis-server")
         .current_dir(&dir)

@@ -1,0 +1,174 @@
+//! TLS and mutual TLS for the gRPC listener, with certificates re-read when their files
+//! change (cert-manager and Kubernetes rotate them in place; a restart must not be needed).
+//!
+//! Handshakes run in their own tasks, so a slow or broken client never holds up the accept
+//! loop; a failed handshake is logged and dropped, never fatal to the server.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::ServerConfig;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+
+/// How often the certificate files are checked for changes, at most.
+const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Time a client gets to complete its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The PEM files of the gRPC listener (`GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, and
+/// for mutual TLS `GRPC_CLIENT_TLS_CACERT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+    /// CA bundle that client certificates must chain to; `None`: no client certificates.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// A server TLS configuration that follows its files.
+pub struct ReloadingTls {
+    files: TlsFiles,
+    current: RwLock<(Vec<Option<SystemTime>>, Arc<ServerConfig>)>,
+    last_check: Mutex<Instant>,
+}
+
+impl ReloadingTls {
+    /// Loads the files; the error names the file that is missing or wrong.
+    pub fn new(files: TlsFiles) -> Result<Self, String> {
+        let config = build(&files)?;
+        Ok(Self {
+            current: RwLock::new((stamps(&files), config)),
+            files,
+            last_check: Mutex::new(Instant::now()),
+        })
+    }
+
+    /// The configuration for a new connection, rebuilt first if the files changed. A change
+    /// that does not load (e.g. a key written before its certificate) keeps the previous one.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        let due = {
+            let mut last = self.last_check.lock().unwrap_or_else(|p| p.into_inner());
+            let due = last.elapsed() >= CHECK_INTERVAL;
+            if due {
+                *last = Instant::now();
+            }
+            due
+        };
+        if due {
+            let now = stamps(&self.files);
+            let changed = self.current.read().unwrap_or_else(|p| p.into_inner()).0 != now;
+            if changed {
+                match build(&self.files) {
+                    Ok(config) => {
+                        tracing::info!("TLS certificates reloaded");
+                        *self.current.write().unwrap_or_else(|p| p.into_inner()) = (now, config);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "TLS certificates changed but do not load; keeping the previous ones")
+                    }
+                }
+            }
+        }
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
+    }
+}
+
+fn stamps(files: &TlsFiles) -> Vec<Option<SystemTime>> {
+    [
+        Some(&files.cert),
+        Some(&files.key),
+        files.client_ca.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+    .collect()
+}
+
+fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(|iter| iter.collect())
+        .map_err(|e| format!("GRPC_SERVER_TLS_CERT '{}': {e}", files.cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "GRPC_SERVER_TLS_CERT '{}': no certificate",
+            files.cert.display()
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| format!("GRPC_SERVER_TLS_KEY '{}': {e}", files.key.display()))?;
+    let builder = ServerConfig::builder();
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(ca)
+                .map_err(|e| format!("GRPC_CLIENT_TLS_CACERT '{}': {e}", ca.display()))?
+            {
+                let cert =
+                    cert.map_err(|e| format!("GRPC_CLIENT_TLS_CACERT '{}': {e}", ca.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("GRPC_CLIENT_TLS_CACERT '{}': {e}", ca.display()))?;
+            }
+            let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+                .build()
+                .map_err(|e| format!("GRPC_CLIENT_TLS_CACERT '{}': {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("GRPC_SERVER_TLS_CERT/GRPC_SERVER_TLS_KEY: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// TLS connections accepted on `listener`, for `serve_with_incoming`.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Arc<ReloadingTls>,
+) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(128);
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = tx.closed() => return,
+            };
+            let _ = stream.set_nodelay(true);
+            let acceptor = TlsAcceptor::from(tls.config());
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls_stream)) => {
+                        let _ = tx.send(Ok(tls_stream)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
