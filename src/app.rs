@@ -49,6 +49,8 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// Admin HTTP.
     pub http: TcpListener,
+    /// A separate Prometheus listener (`USE_PROMETHEUS`), if configured.
+    pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -59,9 +61,14 @@ impl Listeners {
                 .await
                 .map_err(|source| AppError::Bind { addr, source })
         };
+        let metrics = match &settings.prometheus {
+            Some(p) => Some(bind(p.addr).await?),
+            None => None,
+        };
         Ok(Self {
             grpc: bind(settings.grpc_addr).await?,
             http: bind(settings.http_addr).await?,
+            metrics,
         })
     }
 }
@@ -210,6 +217,23 @@ impl Prepared {
             self.config.clone(),
         );
         let reloading = tokio::spawn(reloader.run(drain.started()));
+        let drain_for_metrics = drain.started();
+        if let (Some(listener), Some(prometheus)) = (listeners.metrics, &self.settings.prometheus) {
+            let (limiter, metrics) = (self.limiter.clone(), self.metrics.clone());
+            let router = axum::Router::new().route(
+                &prometheus.path,
+                axum::routing::get(move || {
+                    let (limiter, metrics) = (limiter.clone(), metrics.clone());
+                    async move { admin::metrics_text(&metrics, &limiter) }
+                }),
+            );
+            tracing::info!(addr = %prometheus.addr, path = %prometheus.path, "serving Prometheus metrics");
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(drain_for_metrics)
+                    .await
+            });
+        }
         let mut grpc = tokio::spawn(grpc);
         let mut http = tokio::spawn(async move { http.await });
         reporter

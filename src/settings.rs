@@ -49,6 +49,9 @@ pub struct Settings {
     pub near_limit_ratio: f64,
     /// Cap on metric series of `detailed_metric`/`value_to_metric` rules.
     pub metrics_max_detailed_series: usize,
+    /// A separate Prometheus listener (`USE_PROMETHEUS`); `/metrics` on the HTTP port is
+    /// always there.
+    pub prometheus: Option<PrometheusListener>,
     /// Log verbosity and format.
     pub log: LogSettings,
     /// Time allowed for in-flight requests to finish on SIGTERM.
@@ -58,6 +61,15 @@ pub struct Settings {
     pub shutdown_delay: Duration,
     /// Running under Kubernetes (several replicas are likely).
     pub kubernetes: bool,
+}
+
+/// Where the separate Prometheus listener serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrometheusListener {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Path of the exposition.
+    pub path: String,
 }
 
 /// Logging settings.
@@ -259,6 +271,19 @@ pub struct ServeArgs {
     /// Ratio of a limit from which hits count as near the limit, in (0, 1]
     #[arg(long, env = "NEAR_LIMIT_RATIO", default_value = "0.8")]
     pub near_limit_ratio: f64,
+
+    /// Also serve Prometheus metrics on a listener of their own (PROMETHEUS_ADDR, PROMETHEUS_PATH)
+    #[arg(long, env = "USE_PROMETHEUS", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub use_prometheus: bool,
+
+    /// Address of the separate Prometheus listener
+    #[arg(long, env = "PROMETHEUS_ADDR", default_value = "0.0.0.0:9090")]
+    pub prometheus_addr: String,
+
+    /// Path of the separate Prometheus listener
+    #[arg(long, env = "PROMETHEUS_PATH", default_value = "/metrics")]
+    pub prometheus_path: String,
 
     /// Cap on metric series of detailed_metric/value_to_metric rules (the rest go to __overflow__)
     #[arg(long, env = "METRICS_MAX_DETAILED_SERIES", default_value = "10000")]
@@ -533,6 +558,26 @@ impl ServeArgs {
             },
             near_limit_ratio: self.near_limit_ratio,
             metrics_max_detailed_series: self.metrics_max_detailed_series,
+            prometheus: if self.use_prometheus {
+                let addr = self.prometheus_addr.trim_start_matches(':');
+                let addr = if self.prometheus_addr.starts_with(':') {
+                    format!("0.0.0.0:{addr}") // the reference's ":9090"
+                } else {
+                    addr.to_owned()
+                };
+                if !self.prometheus_path.starts_with('/') {
+                    return Err(SettingsError {
+                        name: "--prometheus-path (PROMETHEUS_PATH)".into(),
+                        message: format!("'{}' must start with /", self.prometheus_path),
+                    });
+                }
+                Some(PrometheusListener {
+                    addr: resolve_addr("--prometheus-addr (PROMETHEUS_ADDR)", Some(addr), "", 0)?,
+                    path: self.prometheus_path.clone(),
+                })
+            } else {
+                None
+            },
             log: LogSettings {
                 level,
                 format: self.log_format,
@@ -564,6 +609,7 @@ impl Settings {
             memory: MemoryOptions::default(),
             near_limit_ratio: 0.8,
             metrics_max_detailed_series: 10_000,
+            prometheus: None,
             log: LogSettings {
                 level: "info".into(),
                 format: LogFormat::Text,

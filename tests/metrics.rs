@@ -1,0 +1,121 @@
+//! Prometheus metrics, scraped as Prometheus does, after real traffic.
+
+mod common;
+
+use common::redis::free_port;
+use common::{
+    SluiceProcess, TestServer, config_dir, descriptor, http_get, request, should_rate_limit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+const CONFIG: &str = r#"
+domain: shop
+descriptors:
+  - key: api_key
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: remote_address
+    descriptors:
+      - key: path
+        value: /login
+        rate_limit: {unit: hour, requests_per_unit: 2}
+"#;
+
+fn value(page: &str, series: &str) -> Option<u64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_exactly_the_hits_sent_per_rule() {
+    let server = TestServer::start(&[("shop.yaml", CONFIG)]).await;
+    let mut client = server.client().await;
+    for i in 0..8 {
+        should_rate_limit(
+            &mut client,
+            request("shop", vec![descriptor(&[("api_key", "secret-key-1")])]),
+        )
+        .await;
+        if i < 3 {
+            let d = descriptor(&[("remote_address", "203.0.113.9"), ("path", "/login")]);
+            should_rate_limit(&mut client, request("shop", vec![d])).await;
+        }
+    }
+    should_rate_limit(
+        &mut client,
+        request("nowhere", vec![descriptor(&[("a", "b")])]),
+    )
+    .await;
+    let (status, page) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    let api = r#"{domain="shop",key1="api_key",key2="",rule="shop.api_key"}"#;
+    let login = r#"{domain="shop",key1="remote_address",key2="path_/login",rule="shop.remote_address.path_/login"}"#;
+    for (name, api_hits, login_hits) in [
+        ("total_hits", 8, 3),
+        ("within_limit", 5, 2),
+        ("over_limit", 3, 1),
+        ("near_limit", 1, 1),
+    ] {
+        let metric = format!("ratelimit_service_rate_limit_{name}");
+        assert_eq!(
+            value(&page, &format!("{metric}{api}")),
+            Some(api_hits),
+            "{metric} api_key\n{page}"
+        );
+        assert_eq!(
+            value(&page, &format!("{metric}{login}")),
+            Some(login_hits),
+            "{metric} login"
+        );
+    }
+    assert_eq!(value(&page, "ratelimit_service_domain_not_found"), Some(1));
+    assert_eq!(
+        value(
+            &page,
+            r#"sluice_grpc_requests_total{code="OVER_LIMIT",method="ShouldRateLimit"}"#
+        ),
+        Some(4)
+    );
+    assert!(
+        page.contains("sluice_grpc_request_duration_seconds_bucket"),
+        "{page}"
+    );
+    assert_eq!(
+        value(&page, "ratelimit_service_config_load_success"),
+        Some(1)
+    );
+    assert_eq!(value(&page, "sluice_store_healthy"), Some(1));
+    // No series is labelled by a request value.
+    assert!(
+        !page.contains("secret-key-1") && !page.contains("203.0.113.9"),
+        "{page}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn use_prometheus_serves_metrics_on_their_own_listener() {
+    let dir = config_dir("prometheus", &[("shop.yaml", CONFIG)]);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let process = SluiceProcess::spawn(
+        &dir,
+        &[
+            "--use-prometheus",
+            "--prometheus-addr",
+            &addr,
+            "--prometheus-path",
+            "/stats",
+        ],
+    );
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", process.grpc))
+        .await
+        .unwrap();
+    should_rate_limit(
+        &mut client,
+        request("shop", vec![descriptor(&[("api_key", "k")])]),
+    )
+    .await;
+    let (status, page) = http_get(addr.parse().unwrap(), "/stats").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(page.contains(r#"ratelimit_service_rate_limit_total_hits{domain="shop",key1="api_key",key2="",rule="shop.api_key"} 1"#), "{page}");
+}
