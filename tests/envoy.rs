@@ -23,6 +23,9 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: tenant
     rate_limit: {unit: minute, requests_per_unit: 1, algorithm: concurrency}
+  - key: api_key
+    value: three-per-minute
+    rate_limit: {unit: minute, requests_per_unit: 3}
 "#;
 
 /// A port that was free a moment ago (Envoy needs fixed ports in its bootstrap).
@@ -39,7 +42,8 @@ struct Edge {
     front: u16,
 }
 
-fn bootstrap(front: u16, upstream: u16, admin: u16, sluice: u16) -> String {
+fn bootstrap(front: u16, upstream: u16, admin: u16, sluice: u16, fail_open: bool) -> String {
+    let deny = !fail_open;
     format!(
         r#"
 admin:
@@ -84,7 +88,7 @@ static_resources:
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
               domain: edge
-              failure_mode_deny: true
+              failure_mode_deny: {deny}
               timeout: 2s
               enable_x_ratelimit_headers: DRAFT_VERSION_03
               rate_limit_service:
@@ -133,8 +137,14 @@ static_resources:
 }
 
 async fn start_envoy(sluice_port: u16) -> Edge {
+    start_envoy_with(sluice_port, false).await
+}
+
+/// Envoy in front of Sluice at `sluice_port`; `fail_open` sets `failure_mode_deny: false`.
+async fn start_envoy_with(sluice_port: u16, fail_open: bool) -> Edge {
     let (front, upstream, admin) = (free_port(), free_port(), free_port());
-    let envoy = Envoy::start(&bootstrap(front, upstream, admin, sluice_port), admin).await;
+    let config = bootstrap(front, upstream, admin, sluice_port, fail_open);
+    let envoy = Envoy::start(&config, admin).await;
     Edge {
         _envoy: envoy,
         front,
@@ -210,5 +220,39 @@ async fn envoy_releases_concurrency_slots_when_streams_end() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(released, "the slot was never released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_per_minute_through_envoy_then_fail_open_when_sluice_is_gone() {
+    let dir = common::config_dir("edge-process", &[("edge.yaml", CONFIG)]);
+    let sluice = common::SluiceProcess::spawn(&dir, &[]);
+    let port: u16 = sluice.grpc.rsplit(':').next().unwrap().parse().unwrap();
+    let edge = start_envoy_with(port, true).await;
+    // Keep clear of a minute boundary: the window must hold all four requests.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    if now.as_secs() % 60 > 55 {
+        tokio::time::sleep(Duration::from_secs(60 - now.as_secs() % 60)).await;
+    }
+    for _ in 0..3 {
+        let (status, head, _) = get(&edge, "three-per-minute").await;
+        assert_eq!(status, 200, "{head}");
+    }
+    let (status, head, _) = get(&edge, "three-per-minute").await;
+    assert_eq!(status, 429, "{head}");
+    assert_eq!(
+        header(&head, "x-ratelimit-limit").map(|v| v.split(',').next().unwrap()),
+        Some("3"),
+        "{head}"
+    );
+    assert_eq!(header(&head, "x-ratelimit-remaining"), Some("0"), "{head}");
+    assert!(header(&head, "retry-after").is_some(), "{head}");
+    assert_eq!(get(&edge, "another-key").await.0, 200);
+    // Sluice gone: Envoy's failure_mode_deny: false lets traffic through.
+    drop(sluice);
+    for _ in 0..3 {
+        assert_eq!(get(&edge, "three-per-minute").await.0, 200);
     }
 }

@@ -64,22 +64,50 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 struct Stack {
+    /// The first Sluice instance (the one the tests read metrics and counters from).
     sluice: TestServer,
-    _envoy: Envoy,
+    /// Further instances behind the same Envoy.
+    _others: Vec<TestServer>,
+    envoy: Envoy,
     front: u16,
 }
 
-/// Sluice on the shipped configs, and Envoy on the shipped bootstrap pointed at it.
-async fn stack() -> Stack {
+fn settings(redis: Option<&str>) -> Settings {
     let mut settings = Settings::for_tests(deploy_dir().join("sluice-config"));
     settings.response = ResponseOptions {
         draft_headers: true,
         problem_json: true,
         ..ResponseOptions::default()
     };
-    let sluice = TestServer::start_with(settings).await;
+    if let Some(url) = redis {
+        settings.backend = sluice::settings::Backend::Redis;
+        settings.redis = Some(sluice::store::redis::RedisOptions::new(
+            url,
+            sluice::store::redis::RedisKind::Single,
+        ));
+        settings.resilience.deadline = Duration::from_secs(1);
+    }
+    settings
+}
+
+/// Sluice on the shipped configs, and Envoy on the shipped bootstrap pointed at it.
+async fn stack() -> Stack {
+    stack_of(vec![TestServer::start_with(settings(None)).await]).await
+}
+
+/// Envoy on the shipped bootstrap, balancing over `sluices`.
+async fn stack_of(mut sluices: Vec<TestServer>) -> Stack {
     let upstream = slow_upstream().await;
     let (front, admin) = (free_port(), free_port());
+    let endpoints: Vec<String> = sluices
+        .iter()
+        .map(|s| {
+            format!(
+                "{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}}}",
+                s.grpc_addr.port()
+            )
+        })
+        .collect();
     let mut bootstrap = std::fs::read_to_string(deploy_dir().join("envoy.yaml")).unwrap();
     for (from, to) in [
         (
@@ -95,11 +123,9 @@ async fn stack() -> Stack {
             format!("address: 127.0.0.1, port_value: {upstream}"),
         ),
         (
-            "address: sluice, port_value: 8081".to_owned(),
-            format!(
-                "address: 127.0.0.1, port_value: {}",
-                sluice.grpc_addr.port()
-            ),
+            "[{endpoint: {address: {socket_address: {address: sluice, port_value: 8081}}}}]"
+                .to_owned(),
+            format!("[{}]", endpoints.join(", ")),
         ),
     ] {
         assert!(
@@ -109,9 +135,11 @@ async fn stack() -> Stack {
         bootstrap = bootstrap.replace(&from, &to);
     }
     let envoy = Envoy::start(&bootstrap, admin).await;
+    let sluice = sluices.remove(0);
     Stack {
         sluice,
-        _envoy: envoy,
+        _others: sluices,
+        envoy,
         front,
     }
 }
@@ -228,13 +256,20 @@ async fn quota_refusals_tell_the_client_when_to_come_back() {
     let policy = parse_sf_list(header(&head, "ratelimit-policy").expect("RateLimit-Policy"));
     assert_eq!(
         policy,
-        [(
-            "per_api_key".to_owned(),
-            vec![("q".to_owned(), 3), ("w".to_owned(), 60)]
-        )]
+        [
+            (
+                "per_api_key".to_owned(),
+                vec![("q".to_owned(), 3), ("w".to_owned(), 60)]
+            ),
+            (
+                "per_client_address".to_owned(),
+                vec![("q".to_owned(), 600), ("w".to_owned(), 60)]
+            ),
+        ]
     );
     let state = parse_sf_list(header(&head, "ratelimit").expect("RateLimit"));
     assert_eq!(state[0].1[0], ("r".to_owned(), 2));
+    assert_eq!(state[1].1[0], ("r".to_owned(), 599));
 
     envoy::get(stack.front, "/api/orders", &key).await;
     envoy::get(stack.front, "/api/orders", &key).await;
@@ -247,11 +282,11 @@ async fn quota_refusals_tell_the_client_when_to_come_back() {
     assert!((1..=60).contains(&retry_after), "{retry_after}");
     let state = parse_sf_list(header(&head, "ratelimit").expect("RateLimit"));
     assert_eq!(
-        state,
-        [(
+        state[0],
+        (
             "per_api_key".to_owned(),
             vec![("r".to_owned(), 0), ("t".to_owned(), retry_after)]
-        )]
+        )
     );
     // Envoy's own x-ratelimit-* headers agree with the statuses.
     assert_eq!(header(&head, "x-ratelimit-remaining"), Some("0"), "{head}");
@@ -273,4 +308,93 @@ async fn quota_refusals_tell_the_client_when_to_come_back() {
             .0,
         200
     );
+}
+
+/// A counter value from Envoy's admin `/stats`.
+async fn envoy_stat(stack: &Stack, name: &str) -> u64 {
+    let addr = format!("127.0.0.1:{}", stack.envoy.admin).parse().unwrap();
+    let (_, stats) = common::http_get(addr, &format!("/stats?filter={name}"))
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_is_cut_by_the_local_filter_before_sluice_sees_it() {
+    let stack = stack().await;
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let front = stack.front;
+        tasks.push(tokio::spawn(async move {
+            let key = format!("flood-{i}");
+            envoy::get(front, "/api/items", &[("x-api-key", &key)])
+                .await
+                .0
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let cut = envoy_stat(&stack, "local_ratelimit.http_local_rate_limit.rate_limited").await;
+    assert!(cut >= 100, "the local filter cut {cut} of 200");
+    // Sluice saw only what the local filter let through.
+    let (_, metrics) = common::http_get(stack.sluice.http_addr, "/metrics")
+        .await
+        .unwrap();
+    let checked: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"ratelimit_service_rate_limit_total_hits{domain="quota",key1="api_key",key2="",rule="quota.api_key"} "#))
+        .map_or(0, |v| v.parse().unwrap());
+    // Every request the local filter let through, and only those, reached Sluice.
+    assert_eq!(
+        checked + cut,
+        200,
+        "Sluice checked {checked}, the local filter cut {cut}"
+    );
+    assert!(checked <= 60, "Sluice saw {checked} of 200");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sluice_instances_sharing_redis_hold_one_limit() {
+    let redis = common::redis::RedisServer::start();
+    let url = redis.url();
+    let sluices = vec![
+        TestServer::start_with(settings(Some(&url))).await,
+        TestServer::start_with(settings(Some(&url))).await,
+    ];
+    let stack = stack_of(sluices).await;
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(
+            envoy::get(stack.front, "/api/items", &[("x-api-key", "shared")])
+                .await
+                .0,
+        );
+    }
+    // 3 per minute, whichever instance Envoy asked.
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_fails_open_when_sluice_is_stopped() {
+    let stack = stack().await;
+    let Stack {
+        sluice,
+        _others,
+        envoy,
+        front,
+    } = stack;
+    sluice.stop().await.unwrap();
+    for _ in 0..5 {
+        assert_eq!(
+            envoy::get(front, "/api/items", &[("x-api-key", "k")])
+                .await
+                .0,
+            200
+        );
+    }
+    drop(envoy);
 }
