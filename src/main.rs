@@ -2,10 +2,17 @@
 
 use std::process::ExitCode;
 
+use std::io::Write as _;
+
 use clap::Parser;
 use sluice::cli::{Cli, Command};
 use sluice::tools::{ToolError, bench, check, trivial};
 use sluice::{app, config, settings, shutdown};
+
+/// A faster allocator than glibc's for this many small, short-lived, cross-thread
+/// allocations (protobuf messages, futures): see docs/performance.md.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Exit code for bad settings or config (BSD `EX_USAGE`).
 const EX_USAGE: u8 = 64;
@@ -34,7 +41,7 @@ async fn main() -> ExitCode {
             };
             match config::load_dir(&dir, options) {
                 Ok(_) => {
-                    println!("all rate limit configs ok");
+                    let _ = writeln!(std::io::stdout(), "all rate limit configs ok");
                     ExitCode::SUCCESS
                 }
                 Err(errors) => {
@@ -50,7 +57,7 @@ async fn main() -> ExitCode {
         },
         Command::Bench(args) => match bench::run(args).await {
             Ok(report) => {
-                println!("{report}");
+                let _ = writeln!(std::io::stdout(), "{report}");
                 ExitCode::SUCCESS
             }
             Err(e) => tool_error(e),

@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Unmeasured warm-up before the measurement
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub warmup: Duration,
+    /// Walk the key values in order instead of drawing them at random (each value once per
+    /// round, e.g. to fill a store with exactly --keys counters)
+    #[arg(long)]
+    pub sequential: bool,
 }
 
 /// What a run measured.
@@ -89,6 +93,17 @@ pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
         let args = args.clone();
         workers.push(tokio::spawn(async move {
             let mut rng = XorShift::new(0x5eed_0000 + worker as u64);
+            // Sequential: worker w takes values w, w + C, w + 2C, ...
+            let mut next_value = worker as u64;
+            let mut pick = move |keys: u64, sequential: bool, concurrency: u64| {
+                if sequential {
+                    let v = next_value % keys;
+                    next_value += concurrency;
+                    v
+                } else {
+                    rng.next() % keys
+                }
+            };
             let mut latencies = Vec::with_capacity(1 << 16);
             let (mut over, mut errors) = (0u64, 0u64);
             loop {
@@ -98,7 +113,10 @@ pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
                         .map(|_| RateLimitDescriptor {
                             entries: vec![Entry {
                                 key: args.key.clone(),
-                                value: format!("k{}", rng.next() % args.keys),
+                                value: format!(
+                                    "k{}",
+                                    pick(args.keys, args.sequential, args.concurrency as u64)
+                                ),
                             }],
                             ..Default::default()
                         })

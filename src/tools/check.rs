@@ -1,5 +1,7 @@
 //! `sluice check`: send one request and print the answer.
 
+use std::io::Write as _;
+
 use clap::Args;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
@@ -51,7 +53,7 @@ pub async fn run(args: CheckArgs) -> Result<Answer, ToolError> {
         .into_inner();
 
     let code = |c: i32| Code::try_from(c).map_or("UNKNOWN", |c| c.as_str_name());
-    println!("{}", code(response.overall_code));
+    let _ = writeln!(std::io::stdout(), "{}", code(response.overall_code));
     for (i, (status, text)) in response.statuses.iter().zip(&args.descriptors).enumerate() {
         let mut line = format!("  descriptor {i} ({text}): {}", code(status.code));
         if let Some(limit) = &status.current_limit {
@@ -65,10 +67,15 @@ pub async fn run(args: CheckArgs) -> Result<Answer, ToolError> {
         if let Some(d) = &status.duration_until_reset {
             line += &format!(" reset={:.3}s", d.seconds as f64 + f64::from(d.nanos) / 1e9);
         }
-        println!("{line}");
+        let _ = writeln!(std::io::stdout(), "{line}");
     }
     for header in &response.response_headers_to_add {
-        println!("  header {}: {}", header.key, header.value);
+        let _ = writeln!(
+            std::io::stdout(),
+            "  header {}: {}",
+            header.key,
+            header.value
+        );
     }
     Ok(if response.overall_code == Code::OverLimit as i32 {
         Answer::OverLimit
