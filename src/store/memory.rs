@@ -25,6 +25,8 @@ const EVICTION_SAMPLE: usize = 8;
 const PURGE_INTERVAL: Micros = SECOND;
 /// How often the background sweeper drops expired counters.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
+/// Counters a shard holds at the cap: 7/8 of 2^14 hash buckets.
+const FULL_SHARD: u64 = 16_384 * 7 / 8;
 /// Eviction warnings are logged at most this often.
 const WARN_INTERVAL: Micros = 60 * SECOND;
 
@@ -80,11 +82,14 @@ impl MemoryStore {
     pub fn new(options: MemoryOptions, clock: Arc<dyn Clock>) -> Self {
         let max_keys = options.max_keys.max(1);
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        // Enough shards that cores rarely contend, few enough that each holds a fair share
-        // of the cap (a shard of a handful of keys would evict too eagerly).
-        let shards = (cores * 16)
-            .next_power_of_two()
-            .min(((max_keys / 256).max(1) as usize).next_power_of_two());
+        // Enough shards that cores rarely contend (but each holds a fair share of the cap: a
+        // shard of a handful of keys would evict too eagerly), and enough that a full shard
+        // fits a hash table of 2^14 buckets at its 7/8 load factor. Hash tables double in
+        // size, so a shard just past a power of two wastes half its buckets; sized from the
+        // cap, a full store sits near the top of the load factor instead (memory per counter
+        // in docs/performance.md).
+        let concurrency = (cores * 16).min((max_keys / 256).max(1) as usize);
+        let shards = concurrency.max(max_keys.div_ceil(FULL_SHARD) as usize);
         let max_per_shard = max_keys.div_ceil(shards as u64) as usize;
         let shared = Arc::new(Shared {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
@@ -226,8 +231,7 @@ impl Store for MemoryStore {
 
 impl Shared {
     fn shard_index(&self, key: &CounterKey) -> usize {
-        // The shard count is a power of two.
-        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+        (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
     }
 
     fn store(&self, shard: &mut Shard, key: &CounterKey, t: Transition, now: Micros) {
