@@ -1,0 +1,154 @@
+//! Every process setting of `sluice serve`, from flags and environment variables (the
+//! reference service's names where it has one; a flag wins over its variable), with defaults
+//! and validation. Tests build [`Settings`] values directly.
+//!
+//! - [`args`]: the flags and their environment variables;
+//! - [`parse`]: booleans, durations and addresses as operators write them.
+
+mod args;
+mod parse;
+
+pub use args::ServeArgs;
+pub use parse::{parse_bool, parse_duration};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ValueEnum;
+
+use crate::limiter::LimiterOptions;
+use crate::rls::{ReferenceHeaders, ResponseOptions};
+use crate::store::FailureMode;
+use crate::store::memory::MemoryOptions;
+use crate::store::redis::{RedisKind, RedisOptions};
+use crate::store::resilient::ResilienceOptions;
+use crate::tls::{ReloadingTls, TlsFiles};
+
+/// Validated settings of a serving process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Directory of YAML domain configs.
+    pub config_dir: PathBuf,
+    /// gRPC listen address.
+    pub grpc_addr: SocketAddr,
+    /// TLS (and, with a client CA, mutual TLS) on the gRPC listener.
+    pub grpc_tls: Option<TlsFiles>,
+    /// Admin HTTP listen address.
+    pub http_addr: SocketAddr,
+    /// Where counters live.
+    pub backend: Backend,
+    /// Redis connection settings (with `Backend::Redis`).
+    pub redis: Option<RedisOptions>,
+    /// Deadline, circuit breaker and `local` failure mode of a shared store.
+    pub resilience: ResilienceOptions,
+    /// Entries of the local over-limit cache (0: off).
+    pub local_cache_keys: usize,
+    /// Response headers and body.
+    pub response: ResponseOptions,
+    /// Global shadow and quota mode.
+    pub limiter: LimiterOptions,
+    /// Merge files declaring the same domain.
+    pub merge_domains: bool,
+    /// How often the config directory is checked for changes (0: only on SIGHUP).
+    pub config_watch_interval: Duration,
+    /// In-memory store limits.
+    pub memory: MemoryOptions,
+    /// Fraction of a limit from which a hit counts as near the limit (metrics).
+    pub near_limit_ratio: f64,
+    /// Cap on metric series of `detailed_metric`/`value_to_metric` rules.
+    pub metrics_max_detailed_series: usize,
+    /// A separate Prometheus listener (`USE_PROMETHEUS`); `/metrics` on the HTTP port is
+    /// always there.
+    pub prometheus: Option<PrometheusListener>,
+    /// Log verbosity and format.
+    pub log: LogSettings,
+    /// Time allowed for in-flight requests to finish on SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Time the process keeps serving after SIGTERM, with health checks failing, before it
+    /// stops accepting (so that load balancers stop sending first).
+    pub shutdown_delay: Duration,
+    /// Running under Kubernetes (several replicas are likely).
+    pub kubernetes: bool,
+}
+
+/// Where the separate Prometheus listener serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrometheusListener {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Path of the exposition.
+    pub path: String,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// `trace`, `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    /// Output format.
+    pub format: LogFormat,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Counter store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// In-process memory; correct for a single instance.
+    Memory,
+    /// Redis, shared by every instance.
+    Redis,
+}
+
+/// A setting that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {name}: {message}")]
+pub struct SettingsError {
+    /// The flag and variable, e.g. `--grpc-addr (GRPC_HOST/GRPC_PORT)`.
+    pub name: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Settings {
+    /// Settings for tests and embedding: memory store, `config_dir`, loopback port 0.
+    pub fn for_tests(config_dir: impl Into<PathBuf>) -> Self {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            config_dir: config_dir.into(),
+            grpc_addr: loopback,
+            grpc_tls: None,
+            http_addr: loopback,
+            backend: Backend::Memory,
+            redis: None,
+            resilience: ResilienceOptions::default(),
+            local_cache_keys: 0,
+            response: ResponseOptions::default(),
+            limiter: LimiterOptions::default(),
+            merge_domains: false,
+            config_watch_interval: Duration::from_millis(200),
+            memory: MemoryOptions::default(),
+            near_limit_ratio: 0.8,
+            metrics_max_detailed_series: 10_000,
+            prometheus: None,
+            log: LogSettings {
+                level: "info".into(),
+                format: LogFormat::Text,
+            },
+            shutdown_grace: Duration::from_secs(5),
+            shutdown_delay: Duration::ZERO,
+            kubernetes: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,91 @@
+use super::*;
+use clap::Parser;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
+    let mut argv = vec!["sluice"];
+    argv.extend_from_slice(args);
+    Cli::try_parse_from(argv).unwrap().serve.into_settings()
+}
+
+#[test]
+fn defaults_follow_the_reference_ports_and_layout() {
+    let s = settings(&[]).unwrap();
+    // Defaults may be overridden by the test process's environment; only check shape.
+    assert_eq!(s.backend, Backend::Memory);
+    assert!(s.grpc_addr.port() != 0 && s.http_addr.port() != 0);
+}
+
+#[test]
+fn redis_url_selects_the_redis_backend() {
+    let s = settings(&[
+        "--redis-url",
+        "127.0.0.1:6379",
+        "--redis-auth",
+        "user:secret",
+    ])
+    .unwrap();
+    assert_eq!(s.backend, Backend::Redis);
+    let redis = s.redis.unwrap();
+    assert_eq!(redis.kind, RedisKind::Single);
+    assert_eq!(redis.auth.as_deref(), Some("user:secret"));
+    let s = settings(&["--backend", "memory", "--redis-url", "127.0.0.1:6379"]).unwrap();
+    assert_eq!(s.backend, Backend::Memory);
+    let s = settings(&["--redis-url", "a:1,b:2,c:3", "--redis-type", "CLUSTER"]).unwrap();
+    assert_eq!(s.redis.unwrap().kind, RedisKind::Cluster);
+}
+
+#[test]
+fn flags_take_addresses_and_the_runtime_layout() {
+    let s = settings(&[
+        "--grpc-addr",
+        "127.0.0.1:9001",
+        "--http-addr",
+        "127.0.0.1:9002",
+        "--runtime-root",
+        "/srv/rt",
+        "--runtime-subdirectory",
+        "ratelimit",
+    ])
+    .unwrap();
+    assert_eq!(s.grpc_addr, "127.0.0.1:9001".parse().unwrap());
+    assert_eq!(s.http_addr, "127.0.0.1:9002".parse().unwrap());
+    assert_eq!(s.config_dir, PathBuf::from("/srv/rt/ratelimit/config"));
+}
+
+#[test]
+fn bad_values_name_the_setting() {
+    let err = settings(&["--near-limit-ratio", "1.5"]).unwrap_err();
+    assert!(err.to_string().contains("NEAR_LIMIT_RATIO"), "{err}");
+    let err = settings(&["--grpc-addr", "nonsense"]).unwrap_err();
+    assert!(err.to_string().contains("--grpc-addr"), "{err}");
+    let err = settings(&["--log-level", "loud"]).unwrap_err();
+    assert!(err.to_string().contains("LOG_LEVEL"), "{err}");
+    let err = settings(&["--backend", "redis", "--redis-url", ""]).unwrap_err();
+    assert!(err.to_string().contains("REDIS_URL"), "{err}");
+    let err = settings(&["--backend", "redis", "--redis-url", "redis://"]).unwrap_err();
+    assert!(err.to_string().contains("REDIS_URL"), "{err}");
+    let err =
+        settings(&["--redis-type", "sentinel", "--redis-url", "127.0.0.1:26379"]).unwrap_err();
+    assert!(err.to_string().contains("master-name"), "{err}");
+    let err = settings(&["--limit-reset-header", "Rate Limit"]).unwrap_err();
+    assert!(err.to_string().contains("LIMIT_RESET_HEADER"), "{err}");
+    let err = settings(&["--redis-deadline", "0ms"]).unwrap_err();
+    assert!(err.to_string().contains("REDIS_DEADLINE"), "{err}");
+}
+
+#[test]
+fn booleans_and_durations_parse_like_the_reference() {
+    assert_eq!(parse_bool("True"), Ok(true));
+    assert_eq!(parse_bool("0"), Ok(false));
+    assert!(parse_bool("maybe").is_err());
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+    assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+    assert!(parse_duration("soon").is_err());
+}
