@@ -34,6 +34,9 @@ pub struct Metrics {
     /// Per-rule series handles by label tuple (so the hot path does one map lookup), with the
     /// stats key of the rule that owns them (`None` for request overrides).
     handles: RwLock<HashMap<Labels, Series>>,
+    /// The same handles for plain rules, by stats key: the hot path's lookup, which borrows
+    /// the key and allocates nothing.
+    by_rule: RwLock<HashMap<String, Arc<RuleHandles>>>,
     /// Detailed series created so far, against `max_detailed`.
     detailed: Mutex<HashSet<[String; 4]>>,
     max_detailed: usize,
@@ -167,6 +170,7 @@ impl Metrics {
             near_limit_ratio,
             rules,
             handles: RwLock::default(),
+            by_rule: RwLock::default(),
             detailed: Mutex::default(),
             max_detailed,
             series_overflow: counter(
@@ -279,6 +283,11 @@ impl Metrics {
             .iter()
             .map(|r| r.stats_key.as_str())
             .collect();
+        // The fast-path cache refills itself from `handles`; rules may have changed flags.
+        self.by_rule
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         let mut handles = self.handles.write().unwrap_or_else(|p| p.into_inner());
         let mut detailed = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
         handles.retain(|labels, (owner, _)| {
@@ -389,6 +398,43 @@ impl Observer for Metrics {
             return; // refunds and peeks are not hits
         }
         let hits = hits as u64;
+        let plain = event
+            .rule
+            .filter(|r| !r.detailed_metric && !r.value_to_metric);
+        let cached = plain.and_then(|rule| {
+            self.by_rule
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&rule.stats_key)
+                .cloned()
+        });
+        let h = match cached {
+            Some(h) => h,
+            None => self.series(event, hits, plain),
+        };
+        self.count(&h, event, hits);
+    }
+
+    fn domain_not_found(&self) {
+        self.domain_not_found.inc();
+    }
+
+    fn store_call(&self, elapsed: Duration, ok: bool) {
+        self.store_latency.observe(elapsed.as_secs_f64());
+        if !ok {
+            self.store_errors.inc();
+        }
+    }
+}
+
+impl Metrics {
+    /// The series of an event not yet cached: labels computed, detailed ones capped.
+    fn series(
+        &self,
+        event: &LimitEvent<'_>,
+        hits: u64,
+        plain: Option<&crate::policy::Rule>,
+    ) -> Arc<RuleHandles> {
         let (mut labels, detailed) = self.labels(event);
         if detailed {
             let mut seen = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
@@ -407,6 +453,16 @@ impl Observer for Metrics {
             }
         }
         let h = self.handles(labels, event.rule.map(|r| r.stats_key.as_str()));
+        if let Some(rule) = plain {
+            self.by_rule
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(rule.stats_key.clone(), h.clone());
+        }
+        h
+    }
+
+    fn count(&self, h: &RuleHandles, event: &LimitEvent<'_>, hits: u64) {
         h.total_hits.inc_by(hits);
         let d = event.decision;
         let shadow = event.rule.is_some_and(|r| r.shadow_mode);
@@ -431,17 +487,6 @@ impl Observer for Metrics {
             if shadow {
                 h.shadow_mode.inc_by(hits);
             }
-        }
-    }
-
-    fn domain_not_found(&self) {
-        self.domain_not_found.inc();
-    }
-
-    fn store_call(&self, elapsed: Duration, ok: bool) {
-        self.store_latency.observe(elapsed.as_secs_f64());
-        if !ok {
-            self.store_errors.inc();
         }
     }
 }
