@@ -88,6 +88,13 @@ impl Limit {
     }
 }
 
+impl Limit {
+    /// Time from `now` to the end of the epoch-aligned window containing it.
+    pub fn window_left(&self, now: Micros) -> Micros {
+        self.window - now % self.window
+    }
+}
+
 /// The answer for one counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {

@@ -15,7 +15,7 @@ pub use types::{
 };
 
 use crate::algorithm::{Algorithm, Decision};
-use crate::policy::{EntryRef, MetaValue, Policy, RateLimit, Rule, RuleLimit, merge_into};
+use crate::policy::{Domain, EntryRef, MetaValue, Policy, RateLimit, Rule, RuleLimit, merge_into};
 use crate::store::{Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError};
 
 /// `limit_remaining` reported for `unlimited` rules, as the reference service does.
@@ -114,7 +114,11 @@ impl Limiter {
     pub async fn check(&self, request: &Request) -> Result<Response, LimitError> {
         validate(request)?;
         let policy = self.policy();
-        let plans = plan(&policy, request);
+        let domain = policy.domain(&request.domain);
+        if domain.is_none() {
+            self.observer.domain_not_found();
+        }
+        let plans = plan(domain, request);
 
         let mut batch = Batch {
             ops: Vec::with_capacity(plans.len()),
@@ -123,7 +127,7 @@ impl Limiter {
         // Under the global QUOTA_MODE a descriptor without a limit is a quota descriptor that
         // is never over, so "every quota descriptor is over" cannot happen (the reference
         // service's rule); quota operations then never reject, exactly like shadow ones.
-        let domain_mode = policy.domain(&request.domain).and_then(|d| d.failure_mode);
+        let domain_mode = domain.and_then(|d| d.failure_mode);
         let quota_cannot_fail =
             self.options.quota_mode && plans.iter().any(|p| matches!(p, Plan::NoLimit));
         for (descriptor, plan) in request.descriptors.iter().zip(&plans) {
@@ -146,9 +150,6 @@ impl Limiter {
             self.observer.store_call(started.elapsed(), result.is_ok());
             Some(result?)
         };
-        if policy.domain(&request.domain).is_none() {
-            self.observer.domain_not_found();
-        }
         let from_cache = applied.as_ref().is_some_and(|a| a.from_cache);
 
         let admitted = applied.as_ref().is_none_or(|a| a.admitted);
@@ -411,8 +412,8 @@ fn validate(request: &Request) -> Result<(), LimitError> {
 
 /// Resolves every descriptor to a plan, then drops the limits replaced by another matched
 /// limit of the same request.
-fn plan<'p>(policy: &'p Policy, request: &Request) -> Vec<Plan<'p>> {
-    let Some(domain) = policy.domain(&request.domain) else {
+fn plan<'p>(domain: Option<&'p Domain>, request: &Request) -> Vec<Plan<'p>> {
+    let Some(domain) = domain else {
         return request.descriptors.iter().map(|_| Plan::NoLimit).collect();
     };
     let mut replaced: HashSet<&'p str> = HashSet::new();

@@ -85,7 +85,7 @@ impl OverLimitCache {
                 .ops
                 .iter()
                 .map(|op| {
-                    let reset_after = op.limit.window - now % op.limit.window;
+                    let reset_after = op.limit.window_left(now);
                     if op.key == *over_key {
                         Decision {
                             allowed: false,

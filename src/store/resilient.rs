@@ -15,7 +15,7 @@ use super::{
     Applied, Batch, BoxFuture, CounterOp, FailureMode, MemoryStore, Store, StoreError, StoreStatus,
     admitted,
 };
-use crate::algorithm::{Decision, Limit, Micros, SECOND};
+use crate::algorithm::{Decision, Limit, SECOND};
 use crate::clock::Clock;
 use crate::store::memory::MemoryOptions;
 
@@ -100,7 +100,7 @@ impl Resilient {
         let mut local_ops = Vec::new();
         let mut local_index = Vec::new();
         for (i, op) in batch.ops.iter().enumerate() {
-            let reset = window_left(&op.limit, now);
+            let reset = op.limit.window_left(now);
             decisions[i] = match op.failure_mode {
                 FailureMode::Allow => Some(Decision {
                     allowed: true,
@@ -158,10 +158,6 @@ impl Resilient {
             from_cache: false,
         })
     }
-}
-
-fn window_left(limit: &Limit, now: Micros) -> Micros {
-    limit.window - now % limit.window
 }
 
 impl Store for Resilient {
