@@ -16,7 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::{Applied, Batch, BoxFuture, CounterKey, Store, StoreError, StoreStatus, admitted};
-use crate::algorithm::{self, Micros, SECOND, State, Transition};
+use crate::algorithm::{
+    self, Algorithm, Micros, SECOND, State, Transition, concurrency, fixed_window, sliding_window,
+    token_bucket,
+};
 use crate::clock::Clock;
 
 /// Entries examined to choose a victim when a full shard must evict.
@@ -68,10 +71,20 @@ struct Shard {
     last_purge: Micros,
 }
 
+/// A counter's state packed into 24 bytes, so that a hash bucket (with the key's 16-byte
+/// pointer) takes 40 bytes instead of the 56 of the `State` enum and an expiry. The
+/// algorithm is not stored: it is part of the key. Counts are kept in 32 bits, saturating:
+/// limits are 32-bit (`requests_per_unit`), so a saturated count is over any limit.
 #[derive(Clone, Copy)]
 struct Slot {
-    state: State,
+    /// Instant after which the state equals no state.
     expires_at: Micros,
+    /// Window start; for a token bucket the bits of its theoretical arrival time.
+    word: u64,
+    /// The count; for a sliding window the previous window's count.
+    first: u32,
+    /// A sliding window's current count.
+    second: u32,
 }
 
 // === impl MemoryStore ===
@@ -146,7 +159,7 @@ impl MemoryStore {
         let mut decisions = Vec::with_capacity(batch.ops.len());
         for (i, op) in batch.ops.iter().enumerate() {
             let current = pending_state(&pending, batch, &op.key)
-                .or_else(|| guards[guard_of(i)].get(&op.key, now));
+                .or_else(|| guards[guard_of(i)].get(&op.key, op.limit.algorithm, now));
             let t = algorithm::decide(current.as_ref(), &op.limit, now, op.hits);
             decisions.push(t.decision);
             if (t.decision.allowed && op.hits != 0)
@@ -168,7 +181,7 @@ impl MemoryStore {
                 .filter(|(_, op)| algorithm::applies_unconditionally(&op.limit, op.hits))
             {
                 let current = pending_state(&pending, batch, &op.key)
-                    .or_else(|| guards[guard_of(i)].get(&op.key, now));
+                    .or_else(|| guards[guard_of(i)].get(&op.key, op.limit.algorithm, now));
                 pending.push((
                     i,
                     algorithm::decide(current.as_ref(), &op.limit, now, op.hits),
@@ -235,10 +248,7 @@ impl Shared {
     }
 
     fn store(&self, shard: &mut Shard, key: &CounterKey, t: Transition, now: Micros) {
-        let slot = Slot {
-            state: t.next,
-            expires_at: t.expires_at,
-        };
+        let slot = Slot::pack(t.next, t.expires_at);
         if let Some(existing) = shard.entries.get_mut(key) {
             *existing = slot;
             return;
@@ -291,11 +301,55 @@ impl Shared {
 }
 
 impl Shard {
-    fn get(&self, key: &CounterKey, now: Micros) -> Option<State> {
+    fn get(&self, key: &CounterKey, algorithm: Algorithm, now: Micros) -> Option<State> {
         self.entries
             .get(key)
             .filter(|slot| slot.expires_at > now)
-            .map(|slot| slot.state)
+            .map(|slot| slot.unpack(algorithm))
+    }
+}
+
+// A hash bucket: the key's pointer and the packed state (docs/performance.md counts on it).
+const _: () = assert!(size_of::<(CounterKey, Slot)>() == 40);
+
+// === impl Slot ===
+
+impl Slot {
+    fn pack(state: State, expires_at: Micros) -> Self {
+        let narrow = |count: u64| u32::try_from(count).unwrap_or(u32::MAX);
+        let (word, first, second) = match state {
+            State::FixedWindow(w) => (w.start, narrow(w.count), 0),
+            State::SlidingWindow(w) => (w.start, narrow(w.previous), narrow(w.current)),
+            State::TokenBucket(b) => (b.tat.to_bits(), 0, 0),
+            State::Concurrency(c) => (0, narrow(c.count), 0),
+        };
+        Self {
+            expires_at,
+            word,
+            first,
+            second,
+        }
+    }
+
+    /// The state, read as `algorithm`'s (the algorithm a counter's key names).
+    fn unpack(&self, algorithm: Algorithm) -> State {
+        match algorithm {
+            Algorithm::FixedWindow => State::FixedWindow(fixed_window::Window {
+                start: self.word,
+                count: self.first.into(),
+            }),
+            Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::Windows {
+                start: self.word,
+                previous: self.first.into(),
+                current: self.second.into(),
+            }),
+            Algorithm::TokenBucket => State::TokenBucket(token_bucket::Bucket {
+                tat: f64::from_bits(self.word),
+            }),
+            Algorithm::Concurrency => State::Concurrency(concurrency::InFlight {
+                count: self.first.into(),
+            }),
+        }
     }
 }
 

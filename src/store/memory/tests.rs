@@ -132,3 +132,51 @@ async fn concurrent_requests_never_admit_more_than_the_limit() {
     }
     assert_eq!(total, 1_000);
 }
+
+#[test]
+fn packed_slots_keep_every_algorithms_state() {
+    use crate::algorithm::{concurrency, fixed_window, sliding_window, token_bucket};
+    let states = [
+        State::FixedWindow(fixed_window::Window {
+            start: 1_700_000_000 * SECOND,
+            count: 7,
+        }),
+        State::SlidingWindow(sliding_window::Windows {
+            start: 1_700_000_060 * SECOND,
+            previous: 99,
+            current: 4_000_000_000,
+        }),
+        State::TokenBucket(token_bucket::Bucket {
+            tat: 1_700_000_000_123_456.5,
+        }),
+        State::Concurrency(concurrency::InFlight { count: 3 }),
+    ];
+    for (state, algorithm) in states.into_iter().zip(Algorithm::ALL) {
+        let slot = Slot::pack(state, 42);
+        assert_eq!(slot.unpack(algorithm), state);
+        assert_eq!(slot.expires_at, 42);
+    }
+}
+
+#[test]
+fn counts_beyond_32_bits_saturate_and_stay_over_any_limit() {
+    let (store, _) = store(100);
+    let in_flight = Limit {
+        requests: u32::MAX.into(),
+        window: 60 * SECOND,
+        algorithm: Algorithm::Concurrency,
+        burst: u32::MAX.into(),
+    };
+    let acquire = |hits| CounterOp {
+        key: CounterKey::new("d", [("k", "huge")], &in_flight),
+        limit: in_flight,
+        hits,
+        role: Role::Enforce,
+        failure_mode: FailureMode::Allow,
+    };
+    // Acquisitions count whatever the decision (their releases will come).
+    apply(&store, vec![acquire(i64::from(u32::MAX) + 10)]);
+    let after = apply(&store, vec![acquire(0)]);
+    assert_eq!(after.decisions[0].remaining, 0);
+    assert!(!apply(&store, vec![acquire(1)]).decisions[0].allowed);
+}
