@@ -21,6 +21,7 @@ use crate::reload::{ConfigInfo, ReloadOptions, Reloader, SharedConfigInfo};
 use crate::rls::RlsService;
 use crate::settings::{Backend, Settings};
 use crate::shutdown::Drain;
+use crate::store::redis::RedisOptions;
 use crate::store::{MemoryStore, OverLimitCache, RedisStore, Resilient, Store};
 use crate::tls::ReloadingTls;
 
@@ -106,7 +107,12 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
                 .redis
                 .as_ref()
                 .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
-            let redis = RedisStore::new(options).map_err(AppError::Serve)?;
+            // A script call outlives no request's deadline: past it, nobody waits for it.
+            let redis = RedisStore::new(&RedisOptions {
+                call_timeout: settings.resilience.deadline,
+                ..options.clone()
+            })
+            .map_err(AppError::Serve)?;
             tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let resilient: Arc<dyn Store> = Arc::new(Resilient::new(

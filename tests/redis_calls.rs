@@ -55,6 +55,41 @@ async fn one_script_call_per_request_whatever_the_number_of_descriptors() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() {
+    let redis = RedisServer::start();
+    let server = server(redis.url(), RedisKind::Single, 0).await;
+    let client = server.client().await;
+    // 200 requests at once, each for (k, x) limited to 3 and (j, y) limited to 100: only 3
+    // are admitted, and the 197 rejected charge nothing on (j, y).
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let ask = request(
+                    "calls",
+                    vec![descriptor(&[("k", "x")]), descriptor(&[("j", "y")])],
+                );
+                should_rate_limit(&mut client, ask).await.overall_code
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap() == Code::Ok as i32);
+    }
+    assert_eq!(admitted, 3);
+    let mut client = client.clone();
+    let after = should_rate_limit(
+        &mut client,
+        request("calls", vec![descriptor(&[("j", "y")])]),
+    )
+    .await;
+    assert_eq!(after.statuses[0].limit_remaining, 100 - 3 - 1);
+    // At most one call per request (one more for the first, which met NOSCRIPT).
+    assert!(script_calls(&redis) <= 200 + 2);
+}
+
 #[tokio::test]
 async fn counters_known_over_the_limit_cost_no_redis_call() {
     let redis = RedisServer::start();

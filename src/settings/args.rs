@@ -341,6 +341,7 @@ impl ServeArgs {
                     key_prefix: self.cache_key_prefix.clone(),
                     connections: self.redis_pool_size,
                     connect_timeout: self.redis_connect_timeout,
+                    call_timeout: self.redis_deadline,
                 };
                 // Parse the addresses now, so a typo stops startup instead of every request.
                 crate::store::RedisStore::new(&options).map_err(|message| SettingsError {

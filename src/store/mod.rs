@@ -57,7 +57,7 @@ pub struct StoreStatus {
 }
 
 /// A store call that failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store did not answer in time, or could not be reached; retrying may succeed.
     #[error("store unavailable: {0}")]

@@ -57,6 +57,8 @@ pub struct RedisOptions {
     pub connections: usize,
     /// Time allowed to establish a connection.
     pub connect_timeout: Duration,
+    /// Longest wait for a script call's answer (the store deadline, `REDIS_DEADLINE`).
+    pub call_timeout: Duration,
 }
 
 /// Makes and keeps connections.
@@ -81,8 +83,8 @@ struct Slot {
 }
 
 impl RedisOptions {
-    /// Options for `url` with the defaults of `sluice serve`: no auth, no TLS, no prefix,
-    /// two connections, a two-second connect timeout.
+    /// Options for `url`: no auth, no TLS, no prefix, two connections, a two-second connect
+    /// timeout, a one-second call timeout (`sluice serve` sets it to the store deadline).
     pub fn new(url: impl Into<String>, kind: RedisKind) -> Self {
         Self {
             url: url.into(),
@@ -97,6 +99,7 @@ impl RedisOptions {
             key_prefix: String::new(),
             connections: 2,
             connect_timeout: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(1),
         }
     }
 }

@@ -7,14 +7,17 @@
 //! charged in other groups are refunded (the error is conservative: briefly counting hits that
 //! were not admitted, never admitting more than the limit).
 
+mod coalesce;
 mod connect;
 mod slot;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
+use std::time::Duration;
 
-use redis::Script;
+use redis::{Cmd, Script};
 
+use coalesce::Queue;
 use connect::{ConnHandle, Connector};
 pub use connect::{RedisKind, RedisOptions};
 
@@ -23,8 +26,8 @@ use crate::algorithm::{self, Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
 /// The script: one function per algorithm (each mirroring its Rust file) and the batch
-/// driver. `redis::Script` sends EVALSHA and falls back to EVAL (loading it again) after
-/// NOSCRIPT, e.g. when Redis restarted empty.
+/// driver. Sent with EVALSHA; after NOSCRIPT (e.g. when Redis restarted empty) it is loaded
+/// again and the call repeated.
 pub const SCRIPT: &str = concat!(
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/sliding_window.lua"),
@@ -37,14 +40,30 @@ static COUNTERS: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT));
 
 /// Counters in Redis.
 pub struct RedisStore {
-    connector: Connector,
-    prefix: String,
+    shared: Arc<Shared>,
     kind: RedisKind,
-    /// Time sent to the script instead of Redis's `TIME` (tests and simulations only).
-    clock: Option<Arc<dyn Clock>>,
 }
 
-/// One script call's answer.
+/// What the store and its script calls in flight share.
+struct Shared {
+    connector: Connector,
+    prefix: String,
+    /// Time sent to the script instead of Redis's `TIME` (tests and simulations only).
+    clock: OnceLock<Arc<dyn Clock>>,
+    /// Longest wait for one script call's answer.
+    call_timeout: Duration,
+    /// Requests waiting for the next script call (single node and Sentinel).
+    queue: Queue,
+}
+
+/// One request's share of a script call: its keys and arguments (see `lua/batch.lua`).
+struct Part {
+    keys: Vec<String>,
+    /// Admit-always flag, number of counters, then seven values per counter.
+    args: Vec<i64>,
+}
+
+/// One request's answer.
 struct Reply {
     admitted: bool,
     now: Micros,
@@ -55,22 +74,73 @@ impl RedisStore {
     /// Validates `options` and prepares the clients; connections are made on first use.
     pub fn new(options: &RedisOptions) -> Result<Self, String> {
         Ok(Self {
-            connector: Connector::new(options)?,
-            prefix: options.key_prefix.clone(),
+            shared: Arc::new(Shared {
+                connector: Connector::new(options)?,
+                prefix: options.key_prefix.clone(),
+                clock: OnceLock::new(),
+                call_timeout: options.call_timeout,
+                queue: Queue::new(options.connections.max(1)),
+            }),
             kind: options.kind,
-            clock: None,
         })
     }
 
     /// Makes the script use `clock` instead of Redis's own `TIME`. For tests that need a
     /// pinned clock (the same worked cases on every store); never in production, where the
     /// whole fleet must share Redis's clock.
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        let _ = self.shared.clock.set(clock);
         self
     }
 
-    /// Runs the script over `ops` (all in one slot in a Cluster).
+    /// Encodes one request's `ops` (all in one slot in a Cluster) for the script.
+    fn part(
+        &self,
+        ops: &[&CounterOp],
+        always_admit: bool,
+        quota_as_shadow: bool,
+        guards: Option<&[i64]>,
+    ) -> Part {
+        let prefix = &self.shared.prefix;
+        let mut args = Vec::with_capacity(2 + 7 * ops.len());
+        args.extend([i64::from(always_admit), ops.len() as i64]);
+        let keys = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                let role = match op.role {
+                    Role::Enforce => 0,
+                    Role::Shadow => 1,
+                    Role::Quota if quota_as_shadow => 1,
+                    Role::Quota => 2,
+                };
+                let algorithm = match op.limit.algorithm {
+                    Algorithm::FixedWindow => 1,
+                    Algorithm::SlidingWindow => 2,
+                    Algorithm::TokenBucket => 3,
+                    Algorithm::Concurrency => 4,
+                };
+                let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                args.extend([
+                    algorithm,
+                    clamp(op.limit.requests),
+                    clamp(op.limit.window),
+                    clamp(op.limit.burst),
+                    op.hits,
+                    role,
+                    guards.map_or(-1, |g| g[i]),
+                ]);
+                let mut key = String::with_capacity(prefix.len() + op.key.as_str().len());
+                key.push_str(prefix);
+                key.push_str(op.key.as_str());
+                key
+            })
+            .collect();
+        Part { keys, args }
+    }
+
+    /// Runs one request's `ops` in a script call of their own (a Cluster slot group, or a
+    /// refund).
     async fn call(
         &self,
         ops: &[&CounterOp],
@@ -78,50 +148,12 @@ impl RedisStore {
         quota_as_shadow: bool,
         guards: Option<&[i64]>,
     ) -> Result<Reply, StoreError> {
-        let mut invocation = COUNTERS.prepare_invoke();
-        invocation
-            .arg(u8::from(always_admit))
-            .arg(self.clock.as_ref().map_or(0, |c| c.now()));
-        let mut key = String::with_capacity(self.prefix.len() + 64);
-        for (i, op) in ops.iter().enumerate() {
-            key.clear();
-            key.push_str(&self.prefix);
-            key.push_str(op.key.as_str());
-            invocation.key(key.as_str());
-            let role = match op.role {
-                Role::Enforce => 0,
-                Role::Shadow => 1,
-                Role::Quota if quota_as_shadow => 1,
-                Role::Quota => 2,
-            };
-            let algorithm = match op.limit.algorithm {
-                Algorithm::FixedWindow => 1,
-                Algorithm::SlidingWindow => 2,
-                Algorithm::TokenBucket => 3,
-                Algorithm::Concurrency => 4,
-            };
-            invocation
-                .arg(algorithm)
-                .arg(op.limit.requests)
-                .arg(op.limit.window)
-                .arg(op.limit.burst)
-                .arg(op.hits)
-                .arg(role)
-                .arg(guards.map_or(-1, |g| g[i]));
-        }
-        let (index, conn) = self.connector.get().await?;
-        let result: Result<Vec<i64>, redis::RedisError> = match conn {
-            ConnHandle::Node(mut c) => invocation.invoke_async(&mut c).await,
-            ConnHandle::Cluster(mut c) => invocation.invoke_async(&mut c).await,
-        };
-        let values = result.map_err(|e| {
-            let error = StoreError::from(e);
-            if error.is_transient() {
-                self.connector.reset(index);
-            }
-            error
-        })?;
-        decode(&values, ops.len())
+        let part = self.part(ops, always_admit, quota_as_shadow, guards);
+        let values = self.shared.invoke(&[&part]).await?;
+        let mut replies = decode(&values, &[&part])?;
+        replies
+            .pop()
+            .ok_or_else(|| StoreError::Internal("the script returned no answer".into()))
     }
 
     async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
@@ -133,9 +165,12 @@ impl RedisStore {
                 from_cache: false,
             });
         }
-        if !self.connector.is_cluster() {
+        if !self.shared.connector.is_cluster() {
+            // One call per request at most; requests that arrive while a call is in flight
+            // go together in the next.
             let ops: Vec<&CounterOp> = batch.ops.iter().collect();
-            let reply = self.call(&ops, batch.always_admit, false, None).await?;
+            let part = self.part(&ops, batch.always_admit, false, None);
+            let reply = Shared::submit(&self.shared, part).await?;
             return Ok(Applied {
                 decisions: reply.decisions,
                 admitted: reply.admitted,
@@ -148,7 +183,7 @@ impl RedisStore {
         // decided globally below), then the request's rule is applied to all decisions.
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, op) in batch.ops.iter().enumerate() {
-            let key = format!("{}{}", self.prefix, op.key);
+            let key = format!("{}{}", self.shared.prefix, op.key);
             groups
                 .entry(slot::slot(key.as_bytes()))
                 .or_default()
@@ -234,28 +269,97 @@ impl RedisStore {
     }
 }
 
-fn decode(values: &[i64], n: usize) -> Result<Reply, StoreError> {
-    if values.len() != 2 + 4 * n {
+impl Shared {
+    /// One EVALSHA over the counters of `parts`; after NOSCRIPT the script is loaded and the
+    /// call repeated. A transient error makes a Sentinel connection look for the master again.
+    async fn invoke(&self, parts: &[&Part]) -> Result<Vec<i64>, StoreError> {
+        let now = self.clock.get().map_or(0, |c| c.now());
+        let cmd = command(parts, now);
+        let (index, conn) = self.connector.get().await?;
+        let result = match conn {
+            ConnHandle::Node(mut c) => query(&cmd, &mut c).await,
+            ConnHandle::Cluster(mut c) => query(&cmd, &mut c).await,
+        };
+        result.map_err(|e| {
+            let error = StoreError::from(e);
+            if error.is_transient() {
+                self.connector.reset(index);
+            }
+            error
+        })
+    }
+}
+
+fn command(parts: &[&Part], now: Micros) -> Cmd {
+    let keys: usize = parts.iter().map(|p| p.keys.len()).sum();
+    let args: usize = parts.iter().map(|p| p.args.len()).sum();
+    let bytes: usize = parts
+        .iter()
+        .flat_map(|p| &p.keys)
+        .map(|k| k.len())
+        .sum::<usize>()
+        + 12 * args
+        + 80;
+    let mut cmd = Cmd::with_capacity(4 + keys + args, bytes);
+    cmd.arg("EVALSHA").arg(COUNTERS.get_hash()).arg(keys);
+    for key in parts.iter().flat_map(|p| &p.keys) {
+        cmd.arg(key.as_str());
+    }
+    cmd.arg(now);
+    for &arg in parts.iter().flat_map(|p| &p.args) {
+        cmd.arg(arg);
+    }
+    cmd
+}
+
+async fn query(
+    cmd: &Cmd,
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<Vec<i64>> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            COUNTERS.prepare_invoke().load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
+/// Splits a script call's answer into one reply per part.
+fn decode(values: &[i64], parts: &[&Part]) -> Result<Vec<Reply>, StoreError> {
+    let expected = 1 + parts.iter().map(|p| 1 + 4 * p.keys.len()).sum::<usize>();
+    if values.len() != expected {
         return Err(StoreError::Internal(format!(
-            "script returned {} values for {n} counters",
+            "script returned {} values where {expected} were expected",
             values.len()
         )));
     }
     let micros = |v: i64| v.max(0) as Micros;
-    let decisions = values[2..]
-        .chunks_exact(4)
-        .map(|c| Decision {
-            allowed: c[0] == 1,
-            remaining: c[1].max(0) as u64,
-            reset_after: micros(c[2]),
-            retry_after: (c[3] >= 0).then(|| micros(c[3])),
+    let now = micros(values[0]);
+    let mut at = 1;
+    let replies = parts
+        .iter()
+        .map(|part| {
+            let n = part.keys.len();
+            let admitted = values[at] == 1;
+            let decisions = values[at + 1..at + 1 + 4 * n]
+                .chunks_exact(4)
+                .map(|c| Decision {
+                    allowed: c[0] == 1,
+                    remaining: c[1].max(0) as u64,
+                    reset_after: micros(c[2]),
+                    retry_after: (c[3] >= 0).then(|| micros(c[3])),
+                })
+                .collect();
+            at += 1 + 4 * n;
+            Reply {
+                admitted,
+                now,
+                decisions,
+            }
         })
         .collect();
-    Ok(Reply {
-        admitted: values[0] == 1,
-        now: micros(values[1]),
-        decisions,
-    })
+    Ok(replies)
 }
 
 impl Store for RedisStore {
