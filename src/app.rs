@@ -5,6 +5,7 @@
 //! bind `127.0.0.1:0`.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -80,6 +81,7 @@ pub struct Prepared {
     limiter: Arc<Limiter>,
     config: SharedConfigInfo,
     metrics: Arc<Metrics>,
+    hurry: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 /// Loads and validates the config and builds the store and limiter; binds nothing.
@@ -152,10 +154,18 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
         limiter,
         config,
         metrics,
+        hurry: None,
     })
 }
 
 impl Prepared {
+    /// Makes `hurry` (the operator's second Ctrl-C) cut the shutdown delay short: draining
+    /// starts at once.
+    pub fn hurry_on(mut self, hurry: impl Future<Output = ()> + Send + 'static) -> Self {
+        self.hurry = Some(Box::pin(hurry));
+        self
+    }
+
     /// The limiter, e.g. for tests that inspect the policy.
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.limiter
@@ -267,7 +277,13 @@ impl Prepared {
         reporter
             .set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
             .await;
-        tokio::time::sleep(self.settings.shutdown_delay).await;
+        let hurry = self
+            .hurry
+            .unwrap_or_else(|| Box::pin(std::future::pending()));
+        tokio::select! {
+            _ = tokio::time::sleep(self.settings.shutdown_delay) => {}
+            _ = hurry => {}
+        }
         tracing::info!(grace = ?self.settings.shutdown_grace, "draining: no new connections");
         drain.start();
         let drained = tokio::time::timeout(self.settings.shutdown_grace, async {

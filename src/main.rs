@@ -128,6 +128,12 @@ async fn serve(args: settings::ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
+    // Registered now, so the first signal counts toward the second.
+    let second = shutdown::signals(2);
+    let prepared = prepared.hurry_on(async move {
+        let name = second.await;
+        tracing::info!("second {name}: skipping the rest of the shutdown delay");
+    });
     match prepared.serve(listeners, shutdown::signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

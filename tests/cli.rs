@@ -182,3 +182,50 @@ fn bench_reports_throughput_and_latency() {
     served.terminate();
     served.child.wait().unwrap();
 }
+
+#[tokio::test]
+async fn a_second_signal_skips_the_shutdown_delay() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let dir = common::config_dir("cli-second-signal", &[("c.yaml", CONFIG)]);
+    let mut served = SluiceProcess::spawn(&dir, &["--shutdown-delay", "600s"]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", served.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    served.terminate();
+    // The first signal starts the ten-minute delay: health checks fail, the process stays.
+    let mut not_serving = false;
+    for _ in 0..500 {
+        let status = health
+            .check(HealthCheckRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if status == ServingStatus::NotServing as i32 {
+            not_serving = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(not_serving, "health never reported NOT_SERVING");
+    assert!(served.child.try_wait().unwrap().is_none());
+    drop(health);
+
+    served.terminate();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = served.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the second signal did not cut the delay short"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0));
+}
