@@ -229,3 +229,92 @@ async fn a_second_signal_skips_the_shutdown_delay() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+#[test]
+fn check_and_bench_reach_a_server_that_requires_mutual_tls() {
+    let certs = common::temp_dir("cli-tls-certs");
+    common::certs::make(&certs);
+    let file = |name: &str| certs.join(name).to_str().unwrap().to_owned();
+    let dir = common::config_dir("cli-tls", &[("c.yaml", CONFIG)]);
+    let mut served = SluiceProcess::spawn(
+        &dir,
+        &[
+            "--grpc-server-use-tls",
+            "--grpc-server-tls-cert",
+            &file("server.crt"),
+            "--grpc-server-tls-key",
+            &file("server.key"),
+            "--grpc-client-tls-cacert",
+            &file("ca.crt"),
+        ],
+    );
+    let with = |extra: &[&str]| {
+        let mut args = vec![
+            "check",
+            "--addr",
+            &served.grpc,
+            "--domain",
+            "cli",
+            "--descriptor",
+            "user=tls",
+        ];
+        args.extend(extra);
+        sluice(&args)
+    };
+    let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
+    let trusted = [
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-server-name",
+        "localhost",
+    ];
+
+    let ok = with(&trusted);
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(stdout.starts_with("OK\n"), "{stdout}");
+    // Without a client certificate, or without TLS at all, the server lets nobody in.
+    assert_eq!(with(&trusted[..2]).status.code(), Some(1));
+    assert_eq!(with(&[]).status.code(), Some(1));
+    // A key without its certificate is a usage error.
+    assert_eq!(with(&["--tls-key", &key]).status.code(), Some(64));
+
+    let mut args = vec![
+        "bench",
+        "--addr",
+        &served.grpc,
+        "--domain",
+        "cli",
+        "--key",
+        "user",
+    ];
+    args.extend([
+        "--duration",
+        "200ms",
+        "--warmup",
+        "0s",
+        "--concurrency",
+        "4",
+    ]);
+    args.extend(trusted);
+    let bench = sluice(&args);
+    let stdout = String::from_utf8_lossy(&bench.stdout);
+    assert_eq!(
+        bench.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    assert!(stdout.contains("req/s"), "{stdout}");
+    served.terminate();
+    assert_eq!(served.child.wait().unwrap().code(), Some(0));
+}

@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-use super::{ToolError, connect};
+use super::{ClientTls, ToolError, connect};
 use crate::settings::parse_duration;
 
 /// `sluice bench` arguments.
@@ -51,6 +51,9 @@ pub struct BenchArgs {
     /// round, e.g. to fill a store with exactly --keys counters)
     #[arg(long)]
     pub sequential: bool,
+    /// TLS to the server
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 /// What a run measured.
@@ -83,7 +86,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
     }
     let mut clients = Vec::with_capacity(args.connections);
     for _ in 0..args.connections {
-        clients.push(connect(&args.addr).await?);
+        clients.push(connect(&args.addr, &args.tls).await?);
     }
     let start = Instant::now() + args.warmup;
     let end = start + args.duration;

@@ -6,7 +6,7 @@ use clap::Args;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 
-use super::{ToolError, connect, parse_descriptor};
+use super::{ClientTls, ToolError, connect, parse_descriptor};
 
 /// `sluice check` arguments.
 #[derive(Debug, Clone, Args)]
@@ -23,6 +23,9 @@ pub struct CheckArgs {
     /// Hits to charge (the request's hits_addend; 0 counts as 1)
     #[arg(long, default_value = "1")]
     pub hits: u32,
+    /// TLS to the server
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 /// What the answer was, for the exit code.
@@ -41,7 +44,7 @@ pub async fn run(args: CheckArgs) -> Result<Answer, ToolError> {
         .iter()
         .map(|d| parse_descriptor(d))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut client = connect(&args.addr).await?;
+    let mut client = connect(&args.addr, &args.tls).await?;
     let response = client
         .should_rate_limit(RateLimitRequest {
             domain: args.domain.clone(),
