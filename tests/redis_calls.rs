@@ -214,3 +214,60 @@ async fn a_unix_socket_works() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sentinel_failover_counting_moves_to_the_promoted_replica() {
+    let mut master = RedisServer::start();
+    let replica = RedisServer::replica_of(&master);
+    let sentinel = RedisSentinel::start(&master, "failover");
+    common::redis::wait_for(
+        || {
+            sentinel
+                .command(&["SENTINEL", "replicas", "failover"])
+                .contains(&replica.port.to_string())
+        },
+        "sentinel to know the replica",
+    );
+    let server = server(
+        format!("failover,{}", sentinel.addr()),
+        RedisKind::Sentinel,
+        0,
+    )
+    .await;
+    let mut client = server.client().await;
+    let mut remaining = async |value: &str| {
+        should_rate_limit(
+            &mut client,
+            request("calls", vec![descriptor(&[("j", value)])]),
+        )
+        .await
+        .statuses[0]
+            .limit_remaining
+    };
+    assert_eq!(remaining("before").await, 99);
+
+    master.kill();
+    // While there is no master, requests fail open (remaining stays at the limit); once
+    // Sentinel has promoted the replica, Sluice asks it again and counts there.
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let key = format!("after-{attempt}");
+        if (remaining(&key).await, remaining(&key).await) == (99, 98) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "counting never resumed after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let master_now = sentinel.command(&["SENTINEL", "get-master-addr-by-name", "failover"]);
+    assert!(
+        master_now.contains(&replica.port.to_string()),
+        "{master_now}"
+    );
+    let counted = format!("calls:calls|j=after-{attempt}|86400s:fw");
+    assert_eq!(replica.command(&["EXISTS", &counted]), ":1");
+}

@@ -31,6 +31,20 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
+    /// Starts a replica of `master` and waits until its replication link is up.
+    pub fn replica_of(master: &RedisServer) -> Self {
+        let port = master.port.to_string();
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        wait_for(
+            || {
+                command(replica.port, &["INFO", "replication"])
+                    .is_ok_and(|r| r.contains("master_link_status:up"))
+            },
+            "replica to sync with its master",
+        );
+        replica
+    }
+
     fn start_with(extra: &[&str]) -> Self {
         let dir = super::temp_dir("redis");
         let mut server = Self {
@@ -173,7 +187,7 @@ impl RedisCluster {
     }
 }
 
-fn wait_for(mut ready: impl FnMut() -> bool, what: &str) {
+pub fn wait_for(mut ready: impl FnMut() -> bool, what: &str) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(20) {
         if ready() {
@@ -239,6 +253,11 @@ impl RedisSentinel {
             "sentinel to know the master",
         );
         Self { server }
+    }
+
+    /// Sends one command to the Sentinel.
+    pub fn command(&self, args: &[&str]) -> String {
+        self.server.command(args)
     }
 
     /// `host:port` of the Sentinel.
