@@ -170,3 +170,28 @@ async fn answers(
     }
     answers
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_abandoned_by_its_caller_does_not_keep_the_breaker_open() {
+    let redis = RedisServer::start();
+    let server = server(&redis).await;
+    let mut client = server.client().await;
+    assert!(ok(&ask(&mut client, "open", "a").await));
+
+    redis.pause();
+    // Three calls past the deadline open the breaker.
+    for _ in 0..3 {
+        assert!(ok(&ask(&mut client, "open", "a").await));
+    }
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("circuit breaker open"), "{page}");
+    // After the cooldown the next call probes Redis; its caller gives up first (as Envoy
+    // does at its own timeout), so the probe never records a verdict.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut abandoned = tonic::Request::new(request("open", vec![descriptor(&[("k", "a")])]));
+    abandoned.set_timeout(DEADLINE / 5);
+    assert!(client.should_rate_limit(abandoned).await.is_err());
+
+    redis.resume();
+    wait_until_counting(&server, &mut client).await;
+}

@@ -69,9 +69,11 @@ impl Resilient {
     }
 
     async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
-        if !self.breaker.allows() {
+        // Held across the call: a probe whose caller gives up (Envoy's timeout, a reset)
+        // lets the next call probe instead of leaving the breaker open for good.
+        let Some(_permit) = self.breaker.permit() else {
             return self.fallback(batch).await;
-        }
+        };
         let error = {
             match tokio::time::timeout(self.options.deadline, self.primary.apply(batch)).await {
                 Ok(Ok(applied)) => {
@@ -79,7 +81,11 @@ impl Resilient {
                     return Ok(applied);
                 }
                 // A bad answer is a bug, not an outage: it must be seen, not papered over.
-                Ok(Err(e)) if !e.is_transient() => return Err(e),
+                // The store did answer, though.
+                Ok(Err(e)) if !e.is_transient() => {
+                    self.breaker.succeeded();
+                    return Err(e);
+                }
                 Ok(Err(e)) => e,
                 Err(_) => StoreError::Unavailable(format!(
                     "no answer within the {:?} deadline",
@@ -120,6 +126,7 @@ impl Resilient {
                     local_ops.push(CounterOp {
                         limit: Limit {
                             requests: op.limit.requests / self.options.local_instances,
+                            burst: op.limit.burst / self.options.local_instances,
                             ..op.limit
                         },
                         ..op.clone()
@@ -189,6 +196,21 @@ impl Store for Resilient {
     }
 }
 
+/// A call's leave from the breaker. Dropping a probe's permit ends the probe: if the call
+/// recorded no verdict (its future was dropped), the next call probes again.
+struct Permit<'a> {
+    breaker: &'a Breaker,
+    probe: bool,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if self.probe {
+            self.breaker.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
 // === impl Breaker ===
 
 /// Consecutive-failure circuit breaker with a single half-open probe.
@@ -222,14 +244,20 @@ impl Breaker {
         self.open_until.load(Ordering::Acquire) != 0
     }
 
-    /// Whether a call may go to the store now.
-    fn allows(&self) -> bool {
+    /// Leave for a call to go to the store now, if the breaker gives it.
+    fn permit(&self) -> Option<Permit<'_>> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return true;
+            return Some(Permit {
+                breaker: self,
+                probe: false,
+            });
         }
         // Half-open: after the cooldown exactly one call probes the store.
-        self.now() >= until && !self.probing.swap(true, Ordering::AcqRel)
+        (self.now() >= until && !self.probing.swap(true, Ordering::AcqRel)).then_some(Permit {
+            breaker: self,
+            probe: true,
+        })
     }
 
     fn succeeded(&self) {
