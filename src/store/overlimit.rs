@@ -5,14 +5,20 @@
 //!
 //! Only enforced counters are cached (a shadow or quota counter alone does not reject a
 //! request), only real store answers (not failure-mode ones), and a refund through this
-//! instance forgets the key (capacity came back before `t`).
+//! instance forgets the key (capacity came back before `t`). A cached refusal answers only
+//! requests it certainly covers: at least as many hits, and a limit no larger (the classes of
+//! a `priorities` rule share one counter with different shares: a refused `low` says
+//! nothing about `critical`). Concurrency counters are never cached: their acquisitions
+//! count even when refused, and their releases always reach the store.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 
-use super::{Applied, Batch, BoxFuture, CounterKey, Role, Store, StoreError, StoreStatus};
-use crate::algorithm::{Decision, Micros};
+use super::{
+    Applied, Batch, BoxFuture, CounterKey, CounterOp, Role, Store, StoreError, StoreStatus,
+};
+use crate::algorithm::{Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
 const SHARDS: usize = 16;
@@ -21,9 +27,34 @@ const SHARDS: usize = 16;
 pub struct OverLimitCache {
     inner: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    shards: Box<[Mutex<HashMap<CounterKey, Micros>>]>,
+    shards: Box<[Mutex<HashMap<CounterKey, Over>>]>,
     hasher: RandomState,
     max_per_shard: usize,
+}
+
+/// A refusal the store gave: `hits` hits of a limit of `requests` (burst `burst`) cannot
+/// pass before `until`.
+#[derive(Debug, Clone, Copy)]
+struct Over {
+    until: Micros,
+    hits: i64,
+    requests: u64,
+    burst: u64,
+}
+
+impl Over {
+    /// Whether this refusal certainly applies to `op` at `now`.
+    fn covers(&self, op: &CounterOp, now: Micros) -> bool {
+        self.until > now
+            && op.hits >= self.hits
+            && op.limit.requests <= self.requests
+            && op.limit.burst <= self.burst
+    }
+}
+
+/// Whether a refusal of `op` may be cached.
+fn cacheable(op: &CounterOp) -> bool {
+    op.role == Role::Enforce && op.hits > 0 && op.limit.algorithm != Algorithm::Concurrency
 }
 
 impl OverLimitCache {
@@ -38,25 +69,42 @@ impl OverLimitCache {
         }
     }
 
-    fn shard(&self, key: &CounterKey) -> &Mutex<HashMap<CounterKey, Micros>> {
+    fn shard(&self, key: &CounterKey) -> &Mutex<HashMap<CounterKey, Over>> {
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 
-    /// Until when `key` is known to be over the limit, if it is now.
-    fn over_until(&self, key: &CounterKey, now: Micros) -> Option<Micros> {
-        let shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-        shard.get(key).copied().filter(|&until| until > now)
+    /// Until when `op` is known to be over the limit, if it is now.
+    fn over_until(&self, op: &CounterOp, now: Micros) -> Option<Micros> {
+        let shard = self
+            .shard(&op.key)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        shard
+            .get(&op.key)
+            .filter(|over| over.covers(op, now))
+            .map(|over| over.until)
     }
 
-    fn remember(&self, key: &CounterKey, until: Micros, now: Micros) {
-        let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-        if shard.len() >= self.max_per_shard && !shard.contains_key(key) {
-            shard.retain(|_, &mut t| t > now);
+    fn remember(&self, op: &CounterOp, until: Micros, now: Micros) {
+        let mut shard = self
+            .shard(&op.key)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if shard.len() >= self.max_per_shard && !shard.contains_key(&op.key) {
+            shard.retain(|_, over| over.until > now);
             if shard.len() >= self.max_per_shard {
                 return; // full of live entries: the store still answers correctly
             }
         }
-        shard.insert(key.clone(), until);
+        shard.insert(
+            op.key.clone(),
+            Over {
+                until,
+                hits: op.hits,
+                requests: op.limit.requests,
+                burst: op.limit.burst,
+            },
+        );
     }
 
     fn forget(&self, key: &CounterKey) {
@@ -74,8 +122,8 @@ impl OverLimitCache {
             None // global shadow mode admits anyway; refunds must reach the store
         } else {
             batch.ops.iter().find_map(|op| {
-                (op.role == Role::Enforce && op.hits > 0)
-                    .then(|| self.over_until(&op.key, now))
+                cacheable(op)
+                    .then(|| self.over_until(op, now))
                     .flatten()
                     .map(|until| (&op.key, until))
             })
@@ -117,11 +165,11 @@ impl OverLimitCache {
             for (op, decision) in batch.ops.iter().zip(&applied.decisions) {
                 if op.hits < 0 {
                     self.forget(&op.key);
-                } else if op.role == Role::Enforce
+                } else if cacheable(op)
                     && !decision.allowed
                     && let Some(retry) = decision.retry_after
                 {
-                    self.remember(&op.key, now + retry, now);
+                    self.remember(op, now + retry, now);
                 }
             }
         }
