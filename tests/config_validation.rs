@@ -87,6 +87,8 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "missing_unit.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit ''",
     "missing_requests_per_unit.yaml: descriptors[0].rate_limit: rate limit has no requests_per_unit",
     "unlimited_with_unit.yaml: descriptors[0].rate_limit: should not specify rate limit unit when unlimited",
+    "unlimited_with_algorithm.yaml: descriptors[0].rate_limit.algorithm: should not specify an algorithm when unlimited",
+    "unlimited_with_burst.yaml: descriptors[0].rate_limit.burst: should not specify burst when unlimited",
     "replaces_empty.yaml: descriptors[0].rate_limit.replaces[0]: should not have an empty replaces entry",
     "replaces_self.yaml: descriptors[0].rate_limit.replaces[0]: replaces should not contain name of same descriptor",
     "share_threshold_without_wildcard.yaml: descriptors[0].share_threshold: share_threshold can only be used with wildcard values (containing '*'), but found key 'path_files'",

@@ -93,6 +93,26 @@ async fn metrics_count_exactly_the_hits_sent_per_rule() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_with_several_limits_counts_each_hit_once() {
+    let config = "domain: multi\ndescriptors:\n  - key: tenant\n    rate_limits:\n      - {unit: hour, requests_per_unit: 4}\n      - {unit: day, requests_per_unit: 100}\n";
+    let server = TestServer::start(&[("multi.yaml", config)]).await;
+    let mut client = server.client().await;
+    for _ in 0..6 {
+        should_rate_limit(
+            &mut client,
+            request("multi", vec![descriptor(&[("tenant", "t")])]),
+        )
+        .await;
+    }
+    let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
+    let labels = r#"{domain="multi",key1="tenant",key2="",rule="multi.tenant"}"#;
+    for (name, hits) in [("total_hits", 6), ("within_limit", 4), ("over_limit", 2)] {
+        let series = format!("ratelimit_service_rate_limit_{name}{labels}");
+        assert_eq!(value(&page, &series), Some(hits), "{series}\n{page}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn use_prometheus_serves_metrics_on_their_own_listener() {
     let dir = config_dir("prometheus", &[("shop.yaml", CONFIG)]);
     let port = free_port();

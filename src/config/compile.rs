@@ -248,6 +248,18 @@ impl Cx<'_> {
                 if raw.unit.as_deref().is_some_and(|u| !u.is_empty()) {
                     self.error(path, "should not specify rate limit unit when unlimited");
                 }
+                if raw.algorithm.is_some() {
+                    self.error(
+                        &format!("{path}.algorithm"),
+                        "should not specify an algorithm when unlimited",
+                    );
+                }
+                if raw.burst.is_some() {
+                    self.error(
+                        &format!("{path}.burst"),
+                        "should not specify burst when unlimited",
+                    );
+                }
                 unlimited = true;
             } else if let Some(limit) = self.limit(raw, path, name) {
                 if limits

@@ -180,7 +180,13 @@ impl Limiter {
                     let limits = &plan_limits[..];
                     let (own, rest) = decisions.split_at(limits.len());
                     decisions = rest;
-                    for (limit, decision) in limits.iter().zip(own) {
+                    // One event per descriptor, so that its hits count once: under the limit
+                    // that decided (refusing, else with the least remaining).
+                    if let Some((limit, decision)) = limits
+                        .iter()
+                        .zip(own)
+                        .min_by_key(|(_, d)| (d.allowed, d.remaining))
+                    {
                         self.observer.limit_decided(&LimitEvent {
                             domain: &request.domain,
                             rule: *rule,
