@@ -104,6 +104,18 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            // The clock steps back 5 s after a charge: no token is lost (plain GCRA would
+            // refuse: the bucket would look 6 s from refilled), none is gained.
+            name: "token bucket: a clock stepping back removes no tokens",
+            limit: limit(TokenBucket, 1, SECOND, 4),
+            steps: vec![
+                one("a", 10 * SECOND, 1, true, 3, None),
+                one("a", 5 * SECOND, 1, true, 2, None),
+                one("a", 5 * SECOND, 1, true, 1, None),
+                one("a", 11 * SECOND, 1, true, 1, None),
+            ],
+        },
+        Case {
             // 100 at second 59.9 and 100 at 60.1: the boundary burst.
             name: "fixed window 100/min across a boundary",
             limit: limit(FixedWindow, 100, MINUTE, 100),

@@ -1,9 +1,10 @@
 //! Token bucket as GCRA, the generic cell rate algorithm (DESIGN §4).
 //!
 //! Emission interval `T = W / L` (one token per `T`), capacity `B` (the burst). The state is
-//! one number, the theoretical arrival time `tat`: `tat' = max(tat, now) + h * T`; the hits
-//! pass iff `tat' - B * T <= now`. A bucket is full when `tat <= now`, so an idle key never
-//! saves more than one burst, and a clock stepping backwards never adds tokens (`max`).
+//! the theoretical arrival time `tat`: `tat' = max(tat, now) + h * T`; the hits pass iff
+//! `tat' - B * T <= now`. A bucket is full when `tat <= now`, so an idle key never saves more
+//! than one burst. The state also keeps the time of the last charge, and `now` is clamped to
+//! it: a clock that steps backwards neither adds tokens nor removes any (DESIGN §4).
 //! Fractional tokens are kept: `tat` is an `f64` of microseconds, computed in the same order
 //! in Rust and in the Lua script.
 
@@ -14,6 +15,8 @@ use super::{Decision, Limit, Micros, can_ever_pass};
 pub struct Bucket {
     /// When the bucket will be full again if nothing else arrives.
     pub tat: f64,
+    /// The time of the last charge; an earlier `now` is read as this time.
+    pub last: Micros,
 }
 
 impl Bucket {
@@ -25,6 +28,7 @@ impl Bucket {
 
 /// Applies `hits` (negative: refund) to `state`.
 pub fn decide(state: Option<&Bucket>, limit: &Limit, now: Micros, hits: i64) -> (Decision, Bucket) {
+    let now = state.map_or(now, |b| b.last.max(now));
     let now_f = now as f64;
     let tat = state.map_or(now_f, |b| b.tat).max(now_f);
     let burst = limit.burst;
@@ -35,7 +39,7 @@ pub fn decide(state: Option<&Bucket>, limit: &Limit, now: Micros, hits: i64) -> 
             reset_after: 0,
             retry_after: None,
         };
-        return (decision, Bucket { tat });
+        return (decision, Bucket { tat, last: now });
     }
     let interval = limit.window as f64 / limit.requests as f64;
     let capacity = burst as f64 * interval;
@@ -43,16 +47,20 @@ pub fn decide(state: Option<&Bucket>, limit: &Limit, now: Micros, hits: i64) -> 
     if hits < 0 {
         let next = Bucket {
             tat: (tat - hits.unsigned_abs() as f64 * interval).max(now_f),
+            last: now,
         };
         return (allowed(&next, interval, capacity, now_f), next);
     }
     let h = hits as u64;
     let candidate = tat + h as f64 * interval;
     if candidate - capacity <= now_f {
-        let next = Bucket { tat: candidate };
+        let next = Bucket {
+            tat: candidate,
+            last: now,
+        };
         return (allowed(&next, interval, capacity, now_f), next);
     }
-    let current = Bucket { tat };
+    let current = Bucket { tat, last: now };
     let decision = Decision {
         allowed: false,
         remaining: remaining(&current, interval, capacity, now_f),
@@ -158,11 +166,18 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_stepping_back_adds_no_tokens() {
+    fn a_clock_stepping_back_neither_adds_nor_removes_tokens() {
         let limit = bucket(1, 1);
         let mut state = None;
         assert!(hit(&mut state, &limit, 10 * SECOND, 1).allowed);
         assert!(!hit(&mut state, &limit, 5 * SECOND, 1).allowed);
+        // Plain GCRA would read 5 s as "6 s before the bucket refills" and refuse.
+        let limit = bucket(1, 4);
+        let mut state = None;
+        assert_eq!(hit(&mut state, &limit, 10 * SECOND, 1).remaining, 3);
+        assert_eq!(hit(&mut state, &limit, 5 * SECOND, 1).remaining, 2);
+        // Time runs on from the last charge: one token back a second after it.
+        assert_eq!(hit(&mut state, &limit, 11 * SECOND, 1).remaining, 2);
     }
 
     #[test]

@@ -81,9 +81,10 @@ struct Slot {
     expires_at: Micros,
     /// Window start; for a token bucket the bits of its theoretical arrival time.
     word: u64,
-    /// The count; for a sliding window the previous window's count.
+    /// The count; for a sliding window the previous window's count; for a token bucket the
+    /// high half of its last charge's time.
     first: u32,
-    /// A sliding window's current count.
+    /// A sliding window's current count; a token bucket's low half of its last charge's time.
     second: u32,
 }
 
@@ -320,7 +321,7 @@ impl Slot {
         let (word, first, second) = match state {
             State::FixedWindow(w) => (w.start, narrow(w.count), 0),
             State::SlidingWindow(w) => (w.start, narrow(w.previous), narrow(w.current)),
-            State::TokenBucket(b) => (b.tat.to_bits(), 0, 0),
+            State::TokenBucket(b) => (b.tat.to_bits(), (b.last >> 32) as u32, b.last as u32),
             State::Concurrency(c) => (0, narrow(c.count), 0),
         };
         Self {
@@ -345,6 +346,7 @@ impl Slot {
             }),
             Algorithm::TokenBucket => State::TokenBucket(token_bucket::Bucket {
                 tat: f64::from_bits(self.word),
+                last: u64::from(self.first) << 32 | u64::from(self.second),
             }),
             Algorithm::Concurrency => State::Concurrency(concurrency::InFlight {
                 count: self.first.into(),

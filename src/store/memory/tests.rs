@@ -148,6 +148,7 @@ fn packed_slots_keep_every_algorithms_state() {
         }),
         State::TokenBucket(token_bucket::Bucket {
             tat: 1_700_000_000_123_456.5,
+            last: 1_700_000_000_000_001,
         }),
         State::Concurrency(concurrency::InFlight { count: 3 }),
     ];
