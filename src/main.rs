@@ -48,7 +48,7 @@ async fn run() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("{}", e.to_string().lines().next().unwrap_or_default());
+            eprintln!("{}", usage_error(&e));
             return ExitCode::from(EX_USAGE);
         }
     };
@@ -98,6 +98,40 @@ async fn run() -> ExitCode {
                 Err(e) => tool_error(ToolError::Rpc(e.to_string())),
             }
         }
+    }
+}
+
+/// The first line of clap's message; when the bad value came from an environment variable
+/// (as in a Kubernetes manifest), the variable is named too, not only the flag.
+fn usage_error(e: &clap::Error) -> String {
+    use clap::CommandFactory as _;
+    use clap::error::{ContextKind, ContextValue};
+    let first = e.to_string().lines().next().unwrap_or_default().to_owned();
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return first;
+    };
+    // e.g. "--grpc-port <GRPC_PORT>" or "--shadow-mode[=<BOOL>]"
+    let long = arg
+        .trim_start_matches("--")
+        .split(['[', ' ', '='])
+        .next()
+        .unwrap_or_default();
+    let given_as_flag =
+        std::env::args().any(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}=")));
+    let command = Cli::command();
+    let env = command
+        .get_subcommands()
+        .chain(std::iter::once(&command))
+        .flat_map(|c| c.get_arguments())
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .filter(|var| !given_as_flag && std::env::var_os(var).is_some());
+    match env {
+        Some(var) => format!(
+            "{first} (from the environment variable {})",
+            var.to_string_lossy()
+        ),
+        None => first,
     }
 }
 

@@ -50,7 +50,21 @@ fn a_bad_environment_variable_is_named_too() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert!(
-        stderr.contains("grpc-port") || stderr.contains("GRPC_PORT"),
+        stderr.contains("'eighty'")
+            && stderr.contains("--grpc-port")
+            && stderr.contains("environment variable GRPC_PORT"),
+        "{stderr}"
+    );
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&dir)
+        .env("SHADOW_MODE", "perhaps")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("environment variable SHADOW_MODE"),
         "{stderr}"
     );
 }
