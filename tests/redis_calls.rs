@@ -15,11 +15,21 @@ use sluice::store::resilient::ResilienceOptions;
 const CONFIG: &str = "domain: calls\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 3}\n  - key: j\n    rate_limit: {unit: day, requests_per_unit: 100}\n";
 
 async fn server(url: String, kind: RedisKind, local_cache_keys: usize) -> TestServer {
+    server_with_auth(url, kind, local_cache_keys, None).await
+}
+
+async fn server_with_auth(
+    url: String,
+    kind: RedisKind,
+    local_cache_keys: usize,
+    auth: Option<&str>,
+) -> TestServer {
     let mut settings = Settings::for_tests(config_dir("calls", &[("calls.yaml", CONFIG)]));
     settings.backend = Backend::Redis;
     settings.redis = Some(RedisOptions {
         key_prefix: "calls:".into(),
         connections: 1,
+        auth: auth.map(str::to_owned),
         ..RedisOptions::new(url, kind)
     });
     settings.resilience = ResilienceOptions {
@@ -270,4 +280,44 @@ async fn after_a_sentinel_failover_counting_moves_to_the_promoted_replica() {
     );
     let counted = format!("calls:calls|j=after-{attempt}|86400s:fw");
     assert_eq!(replica.command(&["EXISTS", &counted]), ":1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_auth_is_a_password_or_a_user_and_password() {
+    let redis = RedisServer::start_with(&[
+        "--requirepass",
+        "s3cret",
+        "--user",
+        "alice",
+        "on",
+        ">wonderland",
+        "~*",
+        "+@all",
+    ]);
+    for (auth, counted) in [
+        (Some("s3cret"), true),
+        (Some("alice:wonderland"), true),
+        (Some("alice:wrong"), false),
+        (None, false),
+    ] {
+        let server = server_with_auth(redis.url(), RedisKind::Single, 0, auth).await;
+        let mut client = server.client().await;
+        let value = format!("auth-{auth:?}");
+        let mut remaining = Vec::new();
+        for _ in 0..2 {
+            let r = should_rate_limit(
+                &mut client,
+                request("calls", vec![descriptor(&[("j", &value)])]),
+            )
+            .await;
+            remaining.push(r.statuses[0].limit_remaining);
+        }
+        // Counted: 99 then 98. Refused by Redis: the failure policy (allow) answers 100.
+        let expected = if counted {
+            vec![99, 98]
+        } else {
+            vec![100, 100]
+        };
+        assert_eq!(remaining, expected, "REDIS_AUTH {auth:?}");
+    }
 }

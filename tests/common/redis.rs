@@ -45,7 +45,8 @@ impl RedisServer {
         replica
     }
 
-    fn start_with(extra: &[&str]) -> Self {
+    /// Starts a server with extra `redis-server` arguments (config directives).
+    pub fn start_with(extra: &[&str]) -> Self {
         let dir = super::temp_dir("redis");
         let mut server = Self {
             child: None,
@@ -70,7 +71,10 @@ impl RedisServer {
             .expect("redis-server not found: run ./scripts/test, which installs it");
         self.child = Some(child);
         wait_for(
-            || command(self.port, &["PING"]).is_ok_and(|r| r == "+PONG"),
+            || {
+                command(self.port, &["PING"])
+                    .is_ok_and(|r| r == "+PONG" || r.starts_with("-NOAUTH"))
+            },
             "redis PING",
         );
     }

@@ -296,6 +296,19 @@ impl Inner {
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
+        // Refused credentials: Redis cannot be used until REDIS_AUTH or Redis's ACL is fixed,
+        // an outage as far as requests are concerned (the failure policy answers, logged).
+        let text = e.to_string();
+        if e.kind() == redis::ErrorKind::AuthenticationFailed
+            || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            || ["NOAUTH", "WRONGPASS", "unauthenticated"]
+                .iter()
+                .any(|m| text.contains(m))
+        {
+            return StoreError::Unavailable(format!(
+                "redis refused the credentials (check REDIS_AUTH): {text}"
+            ));
+        }
         // Connection, timeout and cluster-topology errors pass; a script or data error will
         // not go away by retrying.
         if e.is_io_error()
