@@ -202,7 +202,11 @@ impl Metrics {
                 "Config loads that failed (the old config stayed)",
             ),
             store_latency,
-            store_errors: counter(r, "sluice_store_errors_total", "Store calls that failed"),
+            store_errors: counter(
+                r,
+                "sluice_store_errors_total",
+                "Requests the store did not answer (errors, timeouts, the open breaker)",
+            ),
             store_healthy: gauge(
                 r,
                 "sluice_store_healthy",

@@ -125,6 +125,11 @@ async fn counters_known_over_the_limit_cost_no_redis_call() {
         calls,
         "answered from the over-limit cache"
     );
+    let (_, metrics) = common::http_get(server.http_addr, "/metrics")
+        .await
+        .unwrap();
+    let series = r#"ratelimit_service_rate_limit_over_limit_with_local_cache{domain="calls",key1="k",key2="",rule="calls.k"} 20"#;
+    assert!(metrics.contains(series), "{metrics}");
     // Other counters still go to Redis.
     should_rate_limit(
         &mut client,

@@ -147,7 +147,10 @@ impl Limiter {
         } else {
             let started = std::time::Instant::now();
             let result = self.store.apply(&batch).await;
-            self.observer.store_call(started.elapsed(), result.is_ok());
+            // An answer from the failure policy is a store failure too (a timeout, an error,
+            // or the open breaker's immediate answer).
+            let answered = result.as_ref().is_ok_and(|a| !a.degraded);
+            self.observer.store_call(started.elapsed(), answered);
             Some(result?)
         };
         let from_cache = applied.as_ref().is_some_and(|a| a.from_cache);
