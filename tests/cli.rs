@@ -332,3 +332,19 @@ fn check_and_bench_reach_a_server_that_requires_mutual_tls() {
     served.terminate();
     assert_eq!(served.child.wait().unwrap().code(), Some(0));
 }
+
+#[test]
+fn the_shipped_configs_validate() {
+    // config/ is what the README's first command serves; deploy/ ships two more sets.
+    for dir in ["config", "deploy/envoy/sluice-config"] {
+        let path = format!("{}/{dir}", env!("CARGO_MANIFEST_DIR"));
+        let out = sluice(&["validate", &path]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{dir}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -16,9 +16,22 @@ fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
 #[test]
 fn defaults_follow_the_reference_ports_and_layout() {
     let s = settings(&[]).unwrap();
-    // Defaults may be overridden by the test process's environment; only check shape.
     assert_eq!(s.backend, Backend::Memory);
-    assert!(s.grpc_addr.port() != 0 && s.http_addr.port() != 0);
+    // The reference's defaults, unless the test process's environment overrides them.
+    let overridden = [
+        "HOST",
+        "PORT",
+        "GRPC_HOST",
+        "GRPC_PORT",
+        "BACKEND_TYPE",
+        "REDIS_URL",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some());
+    if !overridden {
+        assert_eq!(s.grpc_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(s.http_addr.to_string(), "0.0.0.0:8080");
+    }
 }
 
 #[test]

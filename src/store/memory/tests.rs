@@ -181,3 +181,28 @@ fn counts_beyond_32_bits_saturate_and_stay_over_any_limit() {
     assert_eq!(after.decisions[0].remaining, 0);
     assert!(!apply(&store, vec![acquire(1)]).decisions[0].allowed);
 }
+
+#[test]
+fn a_lost_release_frees_its_slot_after_the_safety_ttl() {
+    let (store, clock) = store(100);
+    let in_flight = Limit {
+        requests: 1,
+        window: 60 * SECOND,
+        algorithm: Algorithm::Concurrency,
+        burst: 1,
+    };
+    let acquire = CounterOp {
+        key: CounterKey::new("d", [("k", "slot")], &in_flight),
+        limit: in_flight,
+        hits: 1,
+        role: Role::Enforce,
+        failure_mode: FailureMode::Allow,
+    };
+    assert!(apply(&store, vec![acquire.clone()]).admitted);
+    // The release never comes (a proxy crashed): the slot stays taken...
+    clock.advance(59 * SECOND);
+    assert!(!apply(&store, vec![acquire.clone()]).admitted);
+    // ...until the safety TTL after the last acquisition has passed.
+    clock.advance(61 * SECOND);
+    assert!(apply(&store, vec![acquire]).admitted);
+}
