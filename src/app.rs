@@ -75,6 +75,9 @@ impl Listeners {
     }
 }
 
+/// Longest wait at startup for the store's connections and scripts.
+const WARM_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A service ready to serve: config loaded, store and limiter built.
 pub struct Prepared {
     settings: Settings,
@@ -178,6 +181,14 @@ impl Prepared {
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), AppError> {
+        // Connections and scripts first (bounded: an unreachable store must not stop the
+        // service from starting; it then serves by its failure policy).
+        if tokio::time::timeout(WARM_UP_LIMIT, self.limiter.store().warm_up())
+            .await
+            .is_err()
+        {
+            tracing::warn!(limit = ?WARM_UP_LIMIT, "store not ready at startup; serving by failure_mode until it is");
+        }
         let health = Arc::new(Health::default());
         let drain = Drain::new();
         let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())

@@ -35,6 +35,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// A snapshot for `/rlconfig`, logs and metrics.
     fn status(&self) -> StoreStatus;
+
+    /// Prepares what the first requests would otherwise wait for (connections, scripts), so
+    /// that they are not answered by the failure policy for a cold start. Failing to warm up
+    /// is not an error: the store is then used as it comes back.
+    fn warm_up(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// What a store reports about itself.

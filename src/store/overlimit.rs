@@ -182,6 +182,10 @@ impl Store for OverLimitCache {
         Box::pin(self.apply_batch(batch))
     }
 
+    fn warm_up(&self) -> BoxFuture<'_, ()> {
+        self.inner.warm_up()
+    }
+
     fn status(&self) -> StoreStatus {
         self.inner.status()
     }

@@ -172,6 +172,10 @@ impl Store for Resilient {
         Box::pin(self.apply_batch(batch))
     }
 
+    fn warm_up(&self) -> BoxFuture<'_, ()> {
+        self.primary.warm_up()
+    }
+
     fn status(&self) -> StoreStatus {
         let mut status = self.primary.status();
         let [allow, deny, local] = &self.degraded;

@@ -247,6 +247,11 @@ impl Connector {
         }
     }
 
+    /// Number of connections (per node).
+    pub fn len(&self) -> usize {
+        self.inner.slots.len()
+    }
+
     /// Whether this is a Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.target, Target::Cluster(_))

@@ -367,6 +367,32 @@ impl Store for RedisStore {
         Box::pin(self.apply_batch(batch))
     }
 
+    fn warm_up(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // Every connection made and the script loaded: the first requests of a fresh
+            // instance (a rollout, a scale-up) then cost one round trip like any other.
+            for _ in 0..self.shared.connector.len() {
+                let result = match self.shared.connector.get().await {
+                    Ok((_, ConnHandle::Node(mut c))) => {
+                        COUNTERS.prepare_invoke().load_async(&mut c).await
+                    }
+                    Ok((_, ConnHandle::Cluster(mut c))) => {
+                        COUNTERS.prepare_invoke().load_async(&mut c).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "redis not reachable at startup; serving by failure_mode until it is");
+                        return;
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "could not load the script into redis at startup");
+                    return;
+                }
+            }
+            tracing::info!("redis connections ready, script loaded");
+        })
+    }
+
     fn status(&self) -> StoreStatus {
         StoreStatus {
             kind: match self.kind {
