@@ -67,7 +67,7 @@ struct Stack {
     /// The first Sluice instance (the one the tests read metrics and counters from).
     sluice: TestServer,
     /// Further instances behind the same Envoy.
-    _others: Vec<TestServer>,
+    others: Vec<TestServer>,
     envoy: Envoy,
     front: u16,
 }
@@ -138,7 +138,7 @@ async fn stack_of(mut sluices: Vec<TestServer>) -> Stack {
     let sluice = sluices.remove(0);
     Stack {
         sluice,
-        _others: sluices,
+        others: sluices,
         envoy,
         front,
     }
@@ -374,8 +374,23 @@ async fn two_sluice_instances_sharing_redis_hold_one_limit() {
                 .0,
         );
     }
-    // 3 per minute, whichever instance Envoy asked.
+    // 3 per minute, whichever instance Envoy asked...
     assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
+    // ...and Envoy did ask both.
+    for instance in std::iter::once(&stack.sluice).chain(&stack.others) {
+        let (_, page) = common::http_get(instance.http_addr, "/metrics")
+            .await
+            .unwrap();
+        let answered: f64 = page
+            .lines()
+            .filter(|l| {
+                l.starts_with("sluice_grpc_requests_total{")
+                    && l.contains(r#"method="ShouldRateLimit""#)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert!(answered > 0.0, "an instance got no request:\n{page}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,7 +398,7 @@ async fn envoy_fails_open_when_sluice_is_stopped() {
     let stack = stack().await;
     let Stack {
         sluice,
-        _others,
+        others: _others,
         envoy,
         front,
     } = stack;
