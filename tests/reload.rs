@@ -160,6 +160,56 @@ async fn sighup_reloads_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_waits_for_requests_in_flight() {
+    // Requests held in flight by a paused Redis (answered by the failure policy at the 2 s
+    // deadline) when SIGTERM arrives: the drain must let them finish before exiting.
+    let redis = common::redis::RedisServer::start();
+    let dir = config_dir("drain", &[("r.yaml", FIVE)]);
+    let url = redis.url();
+    let mut process = SluiceProcess::spawn(
+        &dir,
+        &[
+            "--backend",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-deadline",
+            "2s",
+            "--shutdown-grace",
+            "20s",
+        ],
+    );
+    let client = RateLimitServiceClient::connect(format!("http://{}", process.grpc))
+        .await
+        .unwrap();
+    redis.pause();
+    let in_flight: Vec<_> = (0..8)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .should_rate_limit(request("r", vec![descriptor(&[("k", &format!("d{i}"))])]))
+                    .await
+                    .map(|r| r.into_inner().overall_code)
+            })
+        })
+        .collect();
+    // No signal tells that the server holds them; 300 ms is far more than a local request
+    // takes to arrive, far less than the 2 s they wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    process.terminate();
+    for request in in_flight {
+        let answer = request.await.unwrap();
+        assert!(
+            answer.is_ok(),
+            "a request in flight was dropped: {answer:?}"
+        );
+    }
+    assert_eq!(process.child.wait().unwrap().code(), Some(0));
+    redis.resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_answers_every_request_and_exits_zero() {
     let dir = config_dir("shutdown", &[("r.yaml", FIVE)]);
     let mut process =
