@@ -348,3 +348,45 @@ fn the_shipped_configs_validate() {
         );
     }
 }
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    use std::io::{BufRead, BufReader};
+    let dir = common::config_dir("cli-json-logs", &[("c.yaml", CONFIG)]);
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .env("LOG_FORMAT", "json")
+        .env("LOG_LEVEL", "info")
+        .env_remove("REDIS_URL")
+        .env_remove("BACKEND_TYPE")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let event: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert_eq!(event["level"], "INFO", "{line}");
+        let message = event["fields"]["message"].as_str().unwrap().to_owned();
+        let serving = message == "serving";
+        if serving {
+            assert!(
+                event["fields"]["grpc"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("127.0.0.1:")
+            );
+        }
+        seen.push(message);
+        if serving {
+            break;
+        }
+    }
+    assert_eq!(seen, ["rate limit config loaded", "serving"]);
+    let _ = child.kill();
+    let _ = child.wait();
+}
