@@ -2,10 +2,14 @@
 
 use tokio::sync::watch;
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-pub async fn signal() {
-    let name = signals(1).await;
-    tracing::info!("{name} received");
+/// Resolves on SIGTERM or SIGINT (Ctrl-C). The listeners are registered at the call, so a
+/// signal that arrives before the future is first polled still counts.
+pub fn signal() -> impl Future<Output = ()> + Send + 'static {
+    let signals = signals(1);
+    async move {
+        let name = signals.await;
+        tracing::info!("{name} received");
+    }
 }
 
 /// Resolves once `count` SIGTERM or SIGINT signals have arrived since the call (the
