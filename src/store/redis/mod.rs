@@ -2,7 +2,8 @@
 //!
 //! Every request's counters go to Redis in one Lua script call (`lua/*.lua`) that reads
 //! Redis's clock, decides every counter and charges them all or none. On a single node (or
-//! the Sentinel master) that is one call per request. In a Cluster, counters are grouped by
+//! the Sentinel master) that is at most one call per request: requests that arrive while a
+//! call is out share the next one (`coalesce.rs`). In a Cluster, counters are grouped by
 //! hash slot, one call per group; when the request is rejected as a whole, the hits already
 //! charged in other groups are refunded (the error is conservative: briefly counting hits that
 //! were not admitted, never admitting more than the limit).
@@ -71,7 +72,8 @@ struct Reply {
 }
 
 impl RedisStore {
-    /// Validates `options` and prepares the clients; connections are made on first use.
+    /// Validates `options` and prepares the clients; connections are made by
+    /// [`Store::warm_up`] or on first use.
     pub fn new(options: &RedisOptions) -> Result<Self, String> {
         Ok(Self {
             shared: Arc::new(Shared {
