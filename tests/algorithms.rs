@@ -116,6 +116,19 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            // The clock steps back from 90 s to 61 s: read as 90 s (at 61 s the first
+            // window would weigh 9.8 and refuse), and back to 30 s gives no fresh budget.
+            name: "sliding window: a clock stepping back removes no capacity",
+            limit: limit(SlidingWindow, 10, MINUTE, 10),
+            steps: vec![
+                burst("a", 0, 10, 10),
+                burst("a", 90 * SECOND, 4, 4),
+                one("a", 61 * SECOND, 1, true, 0, None),
+                burst("a", 61 * SECOND, 1, 0),
+                burst("a", 30 * SECOND, 1, 0),
+            ],
+        },
+        Case {
             // 100 at second 59.9 and 100 at 60.1: the boundary burst.
             name: "fixed window 100/min across a boundary",
             limit: limit(FixedWindow, 100, MINUTE, 100),

@@ -6,26 +6,35 @@
 //! window it never admits `2L` across a boundary; it assumes the previous window's hits were
 //! spread evenly, so its error is bounded by that assumption.
 //!
+//! The state keeps the time of the last charge (its window is the current one) and `now` is
+//! clamped to it: a clock that steps backwards neither adds capacity nor removes any.
+//!
 //! The arithmetic is `f64` in exactly this order in Rust and in the Lua script, so the same
 //! state gives the same answer in memory and in Redis.
 
 use super::{Decision, Limit, Micros, can_ever_pass};
 
-/// The stored state: the current window's start and the counts of it and the one before.
+/// The stored state: the time of the last charge, and the counts of its window and the one
+/// before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Windows {
-    /// Start of the current window, a multiple of the window length.
-    pub start: Micros,
-    /// Hits of the window before `start`.
+    /// The time of the last charge; an earlier `now` is read as this time.
+    pub last: Micros,
+    /// Hits of the window before the current one.
     pub previous: u64,
-    /// Hits of the window starting at `start`.
+    /// Hits of the current window (the one holding `last`).
     pub current: u64,
 }
 
 impl Windows {
+    /// Start of the current window, a multiple of the window length.
+    pub fn start(&self, limit: &Limit) -> Micros {
+        self.last - self.last % limit.window
+    }
+
     /// After two windows, both counts have slid out: the state equals no state.
     pub fn expires_at(&self, limit: &Limit) -> Micros {
-        self.start.saturating_add(2 * limit.window)
+        self.start(limit).saturating_add(2 * limit.window)
     }
 }
 
@@ -42,23 +51,23 @@ pub fn decide(
     hits: i64,
 ) -> (Decision, Windows) {
     let window = limit.window;
+    let now = state.map_or(now, |w| w.last.max(now));
     let start = now - now % window;
-    // Roll the stored windows forward to `now`'s window; a later stored window means the
-    // clock stepped backwards: keep it rather than hand out a fresh budget.
+    // Roll the stored windows forward to `now`'s window.
     let w = match state {
-        Some(w) if w.start >= start => *w,
-        Some(w) if w.start + window == start => Windows {
-            start,
+        Some(w) if w.start(limit) == start => Windows { last: now, ..*w },
+        Some(w) if w.start(limit) + window == start => Windows {
+            last: now,
             previous: w.current,
             current: 0,
         },
         _ => Windows {
-            start,
+            last: now,
             previous: 0,
             current: 0,
         },
     };
-    let elapsed = now.saturating_sub(w.start).min(window);
+    let elapsed = now - start;
     let l = limit.requests;
 
     if hits < 0 {
@@ -103,9 +112,9 @@ fn remaining(w: &Windows, limit: &Limit, elapsed: Micros) -> u64 {
 /// has hits, else the end of this one if the previous had any.
 fn full_after(w: &Windows, limit: &Limit, now: Micros) -> Micros {
     let until = if w.current > 0 {
-        w.start + 2 * limit.window
+        w.start(limit) + 2 * limit.window
     } else if w.previous > 0 {
-        w.start + limit.window
+        w.start(limit) + limit.window
     } else {
         now
     };
@@ -115,7 +124,7 @@ fn full_after(w: &Windows, limit: &Limit, now: Micros) -> Micros {
 /// The earliest time from `now` at which `h` more hits fit (`h <= L`, `L > 0`).
 fn retry_after(w: &Windows, limit: &Limit, now: Micros, h: u64) -> Micros {
     let (window, l) = (limit.window as f64, limit.requests as f64);
-    let end = w.start + limit.window;
+    let end = w.start(limit) + limit.window;
     // Within the current window, as the previous window's weight decays.
     if w.previous > 0 && w.current + h <= limit.requests {
         let t = end as f64 - (l - h as f64 - w.current as f64) * window / w.previous as f64;
@@ -191,6 +200,21 @@ mod tests {
         assert_eq!(rejected.retry_after, Some(65 * SECOND));
         assert!(!hit(&mut state, &limit, 66 * SECOND - 1, 1).allowed);
         assert!(hit(&mut state, &limit, 66 * SECOND, 1).allowed);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_neither_adds_nor_removes_capacity() {
+        let limit = limit(10);
+        let mut state = None;
+        // 10 at 0 s; at 90 s, half a window into the next one, they weigh 5: 4 more taken.
+        assert_eq!(burst(&mut state, &limit, 0, 10), 10);
+        assert_eq!(burst(&mut state, &limit, 90 * SECOND, 4), 4);
+        // The clock steps back to 61 s: read as 90 s, one more fits (at 61 s the first
+        // window would weigh 9.8 and none would).
+        assert!(hit(&mut state, &limit, 61 * SECOND, 1).allowed);
+        assert!(!hit(&mut state, &limit, 61 * SECOND, 1).allowed);
+        // Stepping back into the first window hands out no fresh budget either.
+        assert!(!hit(&mut state, &limit, 30 * SECOND, 1).allowed);
     }
 
     #[test]

@@ -79,7 +79,8 @@ struct Shard {
 struct Slot {
     /// Instant after which the state equals no state.
     expires_at: Micros,
-    /// Window start; for a token bucket the bits of its theoretical arrival time.
+    /// A fixed window's start; a sliding window's last charge; for a token bucket the bits of
+    /// its theoretical arrival time.
     word: u64,
     /// The count; for a sliding window the previous window's count; for a token bucket the
     /// high half of its last charge's time.
@@ -320,7 +321,7 @@ impl Slot {
         let narrow = |count: u64| u32::try_from(count).unwrap_or(u32::MAX);
         let (word, first, second) = match state {
             State::FixedWindow(w) => (w.start, narrow(w.count), 0),
-            State::SlidingWindow(w) => (w.start, narrow(w.previous), narrow(w.current)),
+            State::SlidingWindow(w) => (w.last, narrow(w.previous), narrow(w.current)),
             State::TokenBucket(b) => (b.tat.to_bits(), (b.last >> 32) as u32, b.last as u32),
             State::Concurrency(c) => (0, narrow(c.count), 0),
         };
@@ -340,7 +341,7 @@ impl Slot {
                 count: self.first.into(),
             }),
             Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::Windows {
-                start: self.word,
+                last: self.word,
                 previous: self.first.into(),
                 current: self.second.into(),
             }),

@@ -142,7 +142,7 @@ fn packed_slots_keep_every_algorithms_state() {
             count: 7,
         }),
         State::SlidingWindow(sliding_window::Windows {
-            start: 1_700_000_060 * SECOND,
+            last: 1_700_000_061 * SECOND,
             previous: 99,
             current: 4_000_000_000,
         }),

@@ -1,19 +1,27 @@
 -- Sliding window (weighted two-window counter); mirrors src/algorithm/sliding_window.rs,
 -- with the floating point operations in the same order, so both give the same answers.
--- State: "start previous current"; the key expires two windows after `start`.
+-- State: "last previous current", the time of the last charge (an earlier `now` is read as
+-- it: a clock that steps back neither adds nor removes capacity) and the counts of its window
+-- and the one before; the key expires two windows after the start of `last`'s window. (The
+-- first version stored that start instead of `last`; it reads the same way.)
 local function sliding_window(raw, limit, window, burst, now, hits, guard)
-  local start = now - (now % window)
-  local ws, previous, current = start, 0, 0
+  local s, p, c
   if raw then
-    local s, p, c = string.match(raw, '^(%d+) (%d+) (%d+)$')
+    s, p, c = string.match(raw, '^(%d+) (%d+) (%d+)$')
     s, p, c = tonumber(s), tonumber(p), tonumber(c)
-    if s >= start then
-      ws, previous, current = s, p, c
-    elseif s + window == start then
+    if s > now then now = s end
+  end
+  local ws = now - (now % window)
+  local previous, current = 0, 0
+  if raw then
+    local stored = s - (s % window)
+    if stored == ws then
+      previous, current = p, c
+    elseif stored + window == ws then
       previous = c
     end
   end
-  local elapsed = math.min(math.max(now - ws, 0), window)
+  local elapsed = now - ws
   local function estimate(c)
     return previous * (window - elapsed) / window + c
   end
@@ -28,7 +36,7 @@ local function sliding_window(raw, limit, window, burst, now, hits, guard)
     return math.max(until_t - now, 0)
   end
   local function state(c)
-    return string.format('%d %d %d', ws, previous, c)
+    return string.format('%d %d %d', now, previous, c)
   end
   local expiry = (ws + 2 * window) / 1000
   if hits < 0 then
