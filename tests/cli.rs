@@ -41,28 +41,28 @@ fn a_bad_setting_exits_64_with_one_line_naming_it() {
 #[test]
 fn a_bad_environment_variable_is_named_too() {
     let dir = common::config_dir("cli-bad-env", &[("c.yaml", CONFIG)]);
-    let out = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&dir)
-        .env("GRPC_PORT", "eighty")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let serve_with = |var: &str, value: &str| {
+        let out = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&dir)
+            .env(var, value)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = serve_with("GRPC_PORT", "eighty");
+    assert_eq!(code, Some(64), "{stderr}");
     assert!(
         stderr.contains("'eighty'")
             && stderr.contains("--grpc-port")
             && stderr.contains("environment variable GRPC_PORT"),
         "{stderr}"
     );
-    let out = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&dir)
-        .env("SHADOW_MODE", "perhaps")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let (code, stderr) = serve_with("SHADOW_MODE", "perhaps");
+    assert_eq!(code, Some(64), "{stderr}");
     assert!(
         stderr.contains("environment variable SHADOW_MODE"),
         "{stderr}"

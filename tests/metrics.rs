@@ -21,9 +21,7 @@ descriptors:
 "#;
 
 fn value(page: &str, series: &str) -> Option<u64> {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map(|v| v.parse().unwrap())
+    common::metric(page, series)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

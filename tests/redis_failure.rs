@@ -115,12 +115,7 @@ async fn a_paused_redis_costs_no_waiting_and_follows_each_failure_mode() {
     assert!(page.contains("failing (circuit breaker open)"), "{page}");
     // And Prometheus shows it: the breaker, the failed calls, the answers by mode.
     let (_, metrics) = http_get(server.http_addr, "/metrics").await.unwrap();
-    let value = |series: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-            .and_then(|v| v.parse::<f64>().ok())
-    };
+    let value = |series: &str| common::metric::<f64>(&metrics, series);
     assert_eq!(value("sluice_store_healthy"), Some(0.0), "{metrics}");
     assert!(value("sluice_store_errors_total") >= Some(3.0), "{metrics}");
     // allow: the five opens (and the calls that opened the breaker); deny: one; local: four.

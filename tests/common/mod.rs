@@ -149,6 +149,13 @@ pub async fn should_rate_limit(
         .into_inner()
 }
 
+/// The value of one Prometheus `series` (name and labels exactly as printed) on `page`.
+pub fn metric<T: std::str::FromStr>(page: &str, series: &str) -> Option<T> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
 /// A minimal HTTP/1.1 request over a fresh connection: (status, body).
 pub async fn http(
     addr: std::net::SocketAddr,
