@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::redis::RedisServer;
+use common::redis::{RedisServer, command_calls};
 use sluice::algorithm::{self, Algorithm, Decision, Limit, Micros, SECOND, State};
 use sluice::clock::{Clock, ManualClock};
 use sluice::store::memory::MemoryOptions;
@@ -389,9 +389,11 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
     let redis = RedisServer::start();
     let namespace = format!("random-{}-{}", std::process::id(), base());
     let clock = Arc::new(ManualClock::new(base()));
-    let redis_store = RedisStore::new(&RedisOptions::new(redis.url(), RedisKind::Single))
-        .unwrap()
-        .with_clock(clock.clone());
+    // One connection: one call at a time, so Redis applies the requests in the order they
+    // were sent (with two, two calls could overtake each other).
+    let mut options = RedisOptions::new(redis.url(), RedisKind::Single);
+    options.connections = 1;
+    let redis_store = RedisStore::new(&options).unwrap().with_clock(clock.clone());
     let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
     let limits = [
         limit(Algorithm::FixedWindow, 3, SECOND, 3),
@@ -440,5 +442,9 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
             requests += 1;
         }
     }
-    assert!(requests > 1000, "only {requests} requests were compared");
+    let calls = command_calls(&redis, "evalsha");
+    assert!(
+        requests > 1000 && calls < requests * 3 / 4,
+        "{requests} requests compared in {calls} script calls: too few, or too few shared"
+    );
 }

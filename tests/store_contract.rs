@@ -345,3 +345,22 @@ async fn redis_reloads_its_script_after_a_restart() {
     let applied = answered.expect("redis answers again after a restart");
     assert_eq!(applied.decisions[0].remaining, 4);
 }
+
+#[tokio::test]
+async fn redis_reads_a_value_it_cannot_parse_as_no_state() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&redis_options(redis.url(), RedisKind::Single)).unwrap();
+    let ns = namespace("garbage");
+    // Someone wrote over a counter (another tool, a key collision): the counter starts over
+    // instead of failing every request on it.
+    let key = op(&ns, "a", 5, 1, Role::Enforce).key;
+    redis.command(&[
+        "SET",
+        &format!("contract:{}", key.as_str()),
+        "not a counter",
+    ]);
+    let applied = apply(&store, vec![op(&ns, "a", 5, 1, Role::Enforce)]).await;
+    assert!(applied.admitted);
+    assert_eq!(applied.decisions[0].remaining, 4);
+    assert_eq!(remaining(&store, &ns, "a", 5).await, 4);
+}

@@ -30,6 +30,7 @@ use crate::clock::Clock;
 /// driver. Sent with EVALSHA; after NOSCRIPT (e.g. when Redis restarted empty) it is loaded
 /// again and the call repeated.
 pub const SCRIPT: &str = concat!(
+    include_str!("lua/prelude.lua"),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/sliding_window.lua"),
     include_str!("lua/token_bucket.lua"),

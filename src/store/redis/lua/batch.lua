@@ -1,9 +1,10 @@
 -- Sluice: decide and charge the counters of one or more requests atomically (DESIGN §4-§5);
--- the driver, after one function per algorithm above. Mirrors src/store/batch.rs and the
--- memory store. Requests are applied one after the other, each all-or-nothing, each seeing
--- what the requests before it charged: the same answers as one call per request, for a
--- fraction of the cost (Sluice sends the requests that arrive while a call is in flight
--- together in the next).
+-- the driver, after the algorithms above. Mirrors src/store/batch.rs and the memory store.
+-- Requests are applied one after the other, each all-or-nothing, each seeing what the
+-- requests before it charged: the same answers as one call per request, for a fraction of
+-- the cost (Sluice sends the requests that arrive while a call is in flight together in the
+-- next). Each key's stored state is decoded once per call and written once at its end,
+-- however many requests of the call charge it.
 --
 -- Why Lua: reading the counters, deciding and writing must be one atomic step per request
 -- (a rejected request charges nothing), without WATCH/MULTI round trips and retries; and the
@@ -19,7 +20,13 @@
 --          2 quota), guard (window start a refund must still be in, or -1)
 -- Returns  {now, then per request: admitted, then per counter: allowed, remaining,
 --          reset_after, retry_after}, times in microseconds, retry_after -1 when there is none
-local algorithms = { fixed_window, sliding_window, token_bucket, concurrency }
+local steps = { fixed_window, sliding_window, token_bucket, concurrency }
+local decoders = {
+  fixed_window_decode, sliding_window_decode, token_bucket_decode, concurrency_decode,
+}
+local encoders = {
+  fixed_window_encode, sliding_window_encode, token_bucket_encode, concurrency_encode,
+}
 
 local now = tonumber(ARGV[1])
 if now == 0 then
@@ -27,45 +34,63 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local stored = redis.call('MGET', unpack(KEYS))
--- What the requests already applied by this call charged, by key.
-local committed, committed_expiry = {}, {}
+-- Each key's state after the requests applied so far (false: none), decoded on first use
+-- (an unreadable value counts as none); and, for the keys to write, the algorithm and the
+-- expiry (ms) of their last charge.
+local current, algorithm_of, expiry_of = {}, {}, {}
 local out = { now }
+-- The current request's counters: key, and the state it charged (false: none). A counter
+-- sees the latest charge of an earlier counter of the same request on the same key (two
+-- descriptors may share a counter), then what earlier requests charged, then Redis.
+local pending_key, pending_state, pending_expiry = {}, {}, {}
 
--- Runs the counter at KEYS[k], whose seven values start at ARGV[a], on top of `states` (this
--- request's earlier charges: two descriptors may share a counter), then of the earlier
--- requests' charges. Returns the algorithm's answer, and whether the charge applies
--- unconditionally (mirrors algorithm::applies_unconditionally: refunds, and concurrency
--- acquisitions).
-local function run(k, a, states)
+-- Decides the counter at KEYS[k] (seven values from ARGV[a]), counter i of its request.
+-- Returns the algorithm's answer, and whether the charge applies unconditionally (mirrors
+-- algorithm::applies_unconditionally: refunds, and concurrency acquisitions).
+local function run(k, a, i)
   local key = KEYS[k]
-  local raw = states[key]
-  if raw == nil then raw = committed[key] end
-  if raw == nil then raw = stored[k] end
-  if raw == false then raw = nil end
-  local algorithm, hits = tonumber(ARGV[a]), tonumber(ARGV[a + 4])
-  local allowed, remaining, reset, retry, next_state, expires = algorithms[algorithm](
-    raw, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), now, hits,
+  local algorithm = tonumber(ARGV[a])
+  local st = false
+  local j = i - 1
+  while j >= 1 do
+    if pending_key[j] == key and pending_state[j] then
+      st = pending_state[j]
+      break
+    end
+    j = j - 1
+  end
+  if j < 1 then
+    st = current[key]
+    if st == nil then
+      local raw = stored[k]
+      st = raw and decoders[algorithm](raw) or false
+      current[key] = st
+    end
+  end
+  local hits = tonumber(ARGV[a + 4])
+  local allowed, remaining, reset, retry, next_state, expires = steps[algorithm](
+    st, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), now, hits,
     tonumber(ARGV[a + 6]))
   local unconditional = hits < 0 or (hits > 0 and algorithm == 4)
-  return allowed, remaining, reset, retry, next_state, expires, hits, unconditional
+  pending_key[i] = key
+  pending_state[i] = false
+  if ((allowed and hits ~= 0) or unconditional) and next_state then
+    pending_state[i] = next_state
+    pending_expiry[i] = expires
+  end
+  return allowed, remaining, reset, retry
 end
 
 local at, first_key = 2, 0
 while at <= #ARGV do
   local always = ARGV[at] == '1'
   local n = tonumber(ARGV[at + 1])
-  local states, expiry = {}, {}
   local enforce_over, quota_seen, quota_all_over = false, false, true
   local admitted_at = #out + 1
   out[admitted_at] = 0
   for i = 1, n do
     local k, a = first_key + i, at + 2 + (i - 1) * 7
-    local allowed, remaining, reset, retry, next_state, expires, hits, unconditional =
-      run(k, a, states)
-    if ((allowed and hits ~= 0) or unconditional) and next_state then
-      states[KEYS[k]] = next_state
-      expiry[KEYS[k]] = expires
-    end
+    local allowed, remaining, reset, retry = run(k, a, i)
     local role = ARGV[a + 5]
     if role == '0' and not allowed then enforce_over = true end
     if role == '2' then
@@ -84,26 +109,29 @@ while at <= #ARGV do
   else
     -- Nothing is charged, but refunds still return what earlier requests took (and
     -- concurrency acquisitions count: their releases will come).
-    states, expiry = {}, {}
+    for i = 1, n do pending_key[i] = false end
     for i = 1, n do
       local k, a = first_key + i, at + 2 + (i - 1) * 7
       local hits = tonumber(ARGV[a + 4])
       if hits < 0 or (hits > 0 and ARGV[a] == '4') then
-        local _, _, _, _, next_state, expires = run(k, a, states)
-        states[KEYS[k]] = next_state
-        expiry[KEYS[k]] = expires
+        run(k, a, i)
       end
     end
   end
-  for key, state in pairs(states) do
-    committed[key] = state
-    committed_expiry[key] = expiry[key]
+  for i = 1, n do
+    local key = pending_key[i]
+    if key and pending_state[i] then
+      current[key] = pending_state[i]
+      algorithm_of[key] = tonumber(ARGV[at + 2 + (i - 1) * 7])
+      expiry_of[key] = pending_expiry[i]
+    end
+    pending_key[i] = false
   end
   at = at + 2 + 7 * n
   first_key = first_key + n
 end
 
-for key, state in pairs(committed) do
-  redis.call('SET', key, state, 'PXAT', math.ceil(committed_expiry[key]))
+for key, expiry in pairs(expiry_of) do
+  redis.call('SET', key, encoders[algorithm_of[key]](current[key]), 'PXAT', ceil(expiry))
 end
 return out

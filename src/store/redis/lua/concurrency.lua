@@ -1,20 +1,30 @@
--- Concurrency (requests in flight); mirrors src/algorithm/concurrency.rs. State: the count of
--- acquisitions not yet released, refused ones included (their releases come too);
+-- Concurrency (requests in flight); mirrors src/algorithm/concurrency.rs. Stored as the
+-- count of acquisitions not yet released, refused ones included (their releases come too);
 -- every change pushes the key's expiry one safety TTL (`window`) ahead, so lost releases
--- cannot hold capacity forever.
-local function concurrency(raw, limit, window, burst, now, hits, guard)
-  local count = tonumber(raw) or 0
-  local expiry = math.ceil((now + window) / 1000)
+-- cannot hold capacity forever. Decoded once per call into {count}.
+local function concurrency_decode(raw)
+  local count = tonumber(raw)
+  if count then return { count } end
+end
+
+local function concurrency_encode(st)
+  return format('%d', st[1])
+end
+
+local function concurrency(st, limit, window, burst, now, hits, guard)
+  local count = 0
+  if st then count = st[1] end
+  local expiry = ceil((now + window) / 1000)
   if hits < 0 then
-    local after = math.max(count + hits, 0)
-    return true, math.max(limit - after, 0), 0, -1, tostring(after), expiry
+    local after = max(count + hits, 0)
+    return true, max(limit - after, 0), 0, -1, { after }, expiry
   end
   if limit > 0 and count + hits <= limit then
     local after = count + hits
-    return true, limit - after, 0, -1, tostring(after), expiry
+    return true, limit - after, 0, -1, { after }, expiry
   end
   local retry = -1
-  if limit > 0 and hits <= limit then retry = math.min(1000000, window) end
+  if limit > 0 and hits <= limit then retry = min(1000000, window) end
   -- Counted anyway: every acquisition is released later, admitted or not.
-  return false, math.max(limit - count, 0), 0, retry, tostring(count + hits), expiry
+  return false, max(limit - count, 0), 0, retry, { count + hits }, expiry
 end
