@@ -328,40 +328,56 @@ async fn query(
     }
 }
 
-/// Splits a script call's answer into one reply per part.
+/// Splits a script call's answer into one reply per part (the layout is in `lua/batch.lua`).
 fn decode(values: &[i64], parts: &[&Part]) -> Result<Vec<Reply>, StoreError> {
-    let expected = 1 + parts.iter().map(|p| 1 + 4 * p.keys.len()).sum::<usize>();
-    if values.len() != expected {
+    let short = || {
+        StoreError::Internal(format!(
+            "script returned {} values, too few for {} requests",
+            values.len(),
+            parts.len()
+        ))
+    };
+    let micros = |v: i64| v.max(0) as Micros;
+    let mut values = values.iter().copied();
+    let mut next = || values.next().ok_or_else(short);
+    let now = micros(next()?);
+    let mut replies = Vec::with_capacity(parts.len());
+    for part in parts {
+        let admitted = next()? == 1;
+        let decisions = (0..part.keys.len())
+            .map(|_| {
+                let first = next()?;
+                let reset_after = micros(next()?);
+                Ok(if first >= 0 {
+                    Decision {
+                        allowed: true,
+                        remaining: first as u64,
+                        reset_after,
+                        retry_after: None,
+                    }
+                } else {
+                    let retry = next()?;
+                    Decision {
+                        allowed: false,
+                        remaining: (-1 - first) as u64,
+                        reset_after,
+                        retry_after: (retry >= 0).then(|| micros(retry)),
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        replies.push(Reply {
+            admitted,
+            now,
+            decisions,
+        });
+    }
+    if values.next().is_some() {
         return Err(StoreError::Internal(format!(
-            "script returned {} values where {expected} were expected",
-            values.len()
+            "script returned more values than {} requests need",
+            parts.len()
         )));
     }
-    let micros = |v: i64| v.max(0) as Micros;
-    let now = micros(values[0]);
-    let mut at = 1;
-    let replies = parts
-        .iter()
-        .map(|part| {
-            let n = part.keys.len();
-            let admitted = values[at] == 1;
-            let decisions = values[at + 1..at + 1 + 4 * n]
-                .chunks_exact(4)
-                .map(|c| Decision {
-                    allowed: c[0] == 1,
-                    remaining: c[1].max(0) as u64,
-                    reset_after: micros(c[2]),
-                    retry_after: (c[3] >= 0).then(|| micros(c[3])),
-                })
-                .collect();
-            at += 1 + 4 * n;
-            Reply {
-                admitted,
-                now,
-                decisions,
-            }
-        })
-        .collect();
     Ok(replies)
 }
 

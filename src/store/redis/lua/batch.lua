@@ -18,8 +18,10 @@
 --          (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 concurrency), limit,
 --          window (µs), burst, hits (negative: refund), role (0 enforce, 1 shadow,
 --          2 quota), guard (window start a refund must still be in, or -1)
--- Returns  {now, then per request: admitted, then per counter: allowed, remaining,
---          reset_after, retry_after}, times in microseconds, retry_after -1 when there is none
+-- Returns  {now, then per request: admitted (1 or 0), then per counter: remaining and
+--          reset_after when allowed, or -1 - remaining, reset_after and retry_after (-1:
+--          none) when not}, times in microseconds (an allowed counter has no retry_after:
+--          a shorter answer is less for Redis to write and Sluice to read)
 local steps = { fixed_window, sliding_window, token_bucket, concurrency }
 local decoders = {
   fixed_window_decode, sliding_window_decode, token_bucket_decode, concurrency_decode,
@@ -33,16 +35,25 @@ if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local stored = redis.call('MGET', unpack(KEYS))
+-- Every distinct key read once (under load, many requests of a call share hot keys).
+local slot_of, distinct = {}, {}
+for k = 1, #KEYS do
+  local key = KEYS[k]
+  if not slot_of[key] then
+    distinct[#distinct + 1] = key
+    slot_of[key] = #distinct
+  end
+end
+local stored = redis.call('MGET', unpack(distinct))
 -- Each key's state after the requests applied so far (false: none), decoded on first use
 -- (an unreadable value counts as none); and, for the keys to write, the algorithm and the
 -- expiry (ms) of their last charge.
 local current, algorithm_of, expiry_of = {}, {}, {}
-local out = { now }
+local out, o = { now }, 1
 -- The current request's counters: key, and the state it charged (false: none). A counter
 -- sees the latest charge of an earlier counter of the same request on the same key (two
 -- descriptors may share a counter), then what earlier requests charged, then Redis.
-local pending_key, pending_state, pending_expiry = {}, {}, {}
+local pending_key, pending_state, pending_expiry, pending_algorithm = {}, {}, {}, {}
 
 -- Decides the counter at KEYS[k] (seven values from ARGV[a]), counter i of its request.
 -- Returns the algorithm's answer, and whether the charge applies unconditionally (mirrors
@@ -62,7 +73,7 @@ local function run(k, a, i)
   if j < 1 then
     st = current[key]
     if st == nil then
-      local raw = stored[k]
+      local raw = stored[slot_of[key]]
       st = raw and decoders[algorithm](raw) or false
       current[key] = st
     end
@@ -73,6 +84,7 @@ local function run(k, a, i)
     tonumber(ARGV[a + 6]))
   local unconditional = hits < 0 or (hits > 0 and algorithm == 4)
   pending_key[i] = key
+  pending_algorithm[i] = algorithm
   pending_state[i] = false
   if ((allowed and hits ~= 0) or unconditional) and next_state then
     pending_state[i] = next_state
@@ -86,8 +98,9 @@ while at <= #ARGV do
   local always = ARGV[at] == '1'
   local n = tonumber(ARGV[at + 1])
   local enforce_over, quota_seen, quota_all_over = false, false, true
-  local admitted_at = #out + 1
-  out[admitted_at] = 0
+  o = o + 1
+  local admitted_at = o
+  out[o] = 0
   for i = 1, n do
     local k, a = first_key + i, at + 2 + (i - 1) * 7
     local allowed, remaining, reset, retry = run(k, a, i)
@@ -97,11 +110,13 @@ while at <= #ARGV do
       quota_seen = true
       if allowed then quota_all_over = false end
     end
-    local o = #out
-    out[o + 1] = allowed and 1 or 0
-    out[o + 2] = remaining
-    out[o + 3] = reset
-    out[o + 4] = retry
+    if allowed then
+      out[o + 1], out[o + 2] = remaining, reset
+      o = o + 2
+    else
+      out[o + 1], out[o + 2], out[o + 3] = -1 - remaining, reset, retry
+      o = o + 3
+    end
   end
 
   if always or not (enforce_over or (quota_seen and quota_all_over)) then
@@ -122,7 +137,7 @@ while at <= #ARGV do
     local key = pending_key[i]
     if key and pending_state[i] then
       current[key] = pending_state[i]
-      algorithm_of[key] = tonumber(ARGV[at + 2 + (i - 1) * 7])
+      algorithm_of[key] = pending_algorithm[i]
       expiry_of[key] = pending_expiry[i]
     end
     pending_key[i] = false
