@@ -4,9 +4,9 @@
 //! Redis's clock, decides every counter and charges them all or none. On a single node (or
 //! the Sentinel master) that is at most one call per request: requests that arrive while a
 //! call is out share the next one (`coalesce.rs`). In a Cluster, counters are grouped by
-//! hash slot, one call per group; when the request is rejected as a whole, the hits already
-//! charged in other groups are refunded (the error is conservative: briefly counting hits that
-//! were not admitted, never admitting more than the limit).
+//! hash slot, one call per group, all sent at once; when the request is rejected as a whole,
+//! the hits already charged in other groups are refunded (the error is conservative: briefly
+//! counting hits that were not admitted, never admitting more than the limit).
 
 mod coalesce;
 mod connect;
@@ -192,24 +192,37 @@ impl RedisStore {
                 .or_default()
                 .push(i);
         }
+        // The groups' calls go out together (each to its slot's node): one round trip.
+        let groups: Vec<(Vec<usize>, Vec<&CounterOp>)> = groups
+            .into_values()
+            .map(|indices| {
+                let ops = indices.iter().map(|&i| &batch.ops[i]).collect();
+                (indices, ops)
+            })
+            .collect();
+        let replies: Vec<Result<Reply, StoreError>> = join_all(
+            groups
+                .iter()
+                .map(|(_, ops)| {
+                    Box::pin(self.call(ops, batch.always_admit, true, None)) as BoxFuture<'_, _>
+                })
+                .collect(),
+        )
+        .await;
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
         let mut charged: Vec<(Vec<usize>, Micros)> = Vec::new();
         let mut failure = None;
-        for indices in groups.values() {
-            let ops: Vec<&CounterOp> = indices.iter().map(|&i| &batch.ops[i]).collect();
-            match self.call(&ops, batch.always_admit, true, None).await {
+        for ((indices, _), reply) in groups.into_iter().zip(replies) {
+            match reply {
                 Ok(reply) => {
                     for (&i, d) in indices.iter().zip(reply.decisions) {
                         decisions[i] = Some(d);
                     }
                     if reply.admitted {
-                        charged.push((indices.clone(), reply.now));
+                        charged.push((indices, reply.now));
                     }
                 }
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
+                Err(e) => failure = Some(e),
             }
         }
         let decisions: Option<Vec<Decision>> = decisions.into_iter().collect();
@@ -291,6 +304,29 @@ impl Shared {
             error
         })
     }
+}
+
+/// Runs `futures` concurrently; their outputs in the same order.
+async fn join_all<T>(mut futures: Vec<BoxFuture<'_, T>>) -> Vec<T> {
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 fn command(parts: &[&Part], now: Micros) -> Cmd {
