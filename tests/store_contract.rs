@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{RedisCluster, RedisServer, command_calls, wait_for};
 use sluice::algorithm::{Algorithm, Limit, SECOND};
 use sluice::clock::SystemClock;
 use sluice::store::memory::MemoryOptions;
@@ -363,4 +363,49 @@ async fn redis_reads_a_value_it_cannot_parse_as_no_state() {
     assert!(applied.admitted);
     assert_eq!(applied.decisions[0].remaining, 4);
     assert_eq!(remaining(&store, &ns, "a", 5).await, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_sends_the_calls_of_one_request_together() {
+    let cluster = RedisCluster::start();
+    let store =
+        Arc::new(RedisStore::new(&redis_options(cluster.url(), RedisKind::Cluster)).unwrap());
+    let ns = namespace("together");
+    // `redis-cli --cluster create` gives the first node slots 0-5460 and the last
+    // 10923-16383: a counter on each, the first node's in the lower slot (sent first when
+    // calls go one after the other).
+    let slot = |name: &str| -> u16 {
+        let key = format!(
+            "contract:{}",
+            op(&ns, name, 5, 1, Role::Enforce).key.as_str()
+        );
+        let reply = cluster.nodes[0].command(&["CLUSTER", "KEYSLOT", &key]);
+        reply.trim().trim_start_matches(':').parse().unwrap()
+    };
+    let names: Vec<String> = (0..200).map(|i| format!("c{i}")).collect();
+    let first = names.iter().find(|n| slot(n) <= 5460).unwrap().clone();
+    let last = names.iter().find(|n| slot(n) >= 10923).unwrap().clone();
+    let ops = move || {
+        vec![
+            op(&ns, &first, 5, 1, Role::Enforce),
+            op(&ns, &last, 5, 1, Role::Enforce),
+        ]
+    };
+    // Connections made and the script loaded on both nodes.
+    assert!(apply(store.as_ref(), ops()).await.admitted);
+    let before = command_calls(&cluster.nodes[2], "evalsha");
+
+    cluster.nodes[0].pause();
+    let request = tokio::spawn({
+        let (store, ops) = (store.clone(), ops());
+        async move { apply(store.as_ref(), ops).await }
+    });
+    // The last node gets its call while the first cannot answer (this blocks one of the two
+    // runtime threads; the request runs on the other).
+    wait_for(
+        || command_calls(&cluster.nodes[2], "evalsha") > before,
+        "the last node's call while the first node is paused",
+    );
+    cluster.nodes[0].resume();
+    assert!(request.await.unwrap().admitted);
 }
