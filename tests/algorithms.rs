@@ -12,7 +12,7 @@ use sluice::clock::{Clock, ManualClock};
 use sluice::store::memory::MemoryOptions;
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::{
-    Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store,
+    Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store, join_all,
 };
 
 const MINUTE: Micros = 60 * SECOND;
@@ -354,32 +354,6 @@ impl Rng {
     }
 }
 
-/// Polls every future in order until all are done: the first poll of each happens in index
-/// order, so their requests reach the Redis store's queue in that order.
-async fn join_in_order<T>(
-    mut futures: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>>,
-) -> Vec<T> {
-    let mut results: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, result) in futures.iter_mut().zip(results.iter_mut()) {
-            if result.is_none() {
-                match future.as_mut().poll(cx) {
-                    std::task::Poll::Ready(value) => *result = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    results.into_iter().map(Option::unwrap).collect()
-}
-
 /// Random traffic over every algorithm (several counters per request, counters shared
 /// within a request, refunds and releases, shadow and quota roles, global shadow mode), sent
 /// to Redis in groups of concurrent requests that share one script call, and replayed one by
@@ -432,8 +406,7 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
                 always_admit: rng.below(10) == 0,
             })
             .collect();
-        let from_redis =
-            join_in_order(batches.iter().map(|b| redis_store.apply(b)).collect()).await;
+        let from_redis = join_all(batches.iter().map(|b| redis_store.apply(b)).collect()).await;
         for (i, (batch, from_redis)) in batches.iter().zip(from_redis).enumerate() {
             let from_memory = memory.apply(batch).await.unwrap();
             assert_eq!(

@@ -22,7 +22,9 @@ use coalesce::Queue;
 use connect::{ConnHandle, Connector};
 pub use connect::{RedisKind, RedisOptions};
 
-use super::{Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted};
+use super::{
+    Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted, join_all,
+};
 use crate::algorithm::{self, Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
@@ -304,29 +306,6 @@ impl Shared {
             error
         })
     }
-}
-
-/// Runs `futures` concurrently; their outputs in the same order.
-async fn join_all<T>(mut futures: Vec<BoxFuture<'_, T>>) -> Vec<T> {
-    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    std::task::Poll::Ready(value) => *output = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 fn command(parts: &[&Part], now: Micros) -> Cmd {
