@@ -182,12 +182,7 @@ fn bench_reports_throughput_and_latency() {
         "--concurrency",
         "4",
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out, "bench");
     assert!(
         stdout.contains("req/s (0 over limit, 0 errors)"),
         "{stdout}"
@@ -287,14 +282,7 @@ fn check_and_bench_reach_a_server_that_requires_mutual_tls() {
         "localhost",
     ];
 
-    let ok = with(&trusted);
-    let stdout = String::from_utf8_lossy(&ok.stdout);
-    assert_eq!(
-        ok.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    let stdout = succeeded(&with(&trusted), "check");
     assert!(stdout.starts_with("OK\n"), "{stdout}");
     // Without a client certificate, or without TLS at all, the server lets nobody in.
     assert_eq!(with(&trusted[..2]).status.code(), Some(1));
@@ -320,14 +308,7 @@ fn check_and_bench_reach_a_server_that_requires_mutual_tls() {
         "4",
     ]);
     args.extend(trusted);
-    let bench = sluice(&args);
-    let stdout = String::from_utf8_lossy(&bench.stdout);
-    assert_eq!(
-        bench.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&bench.stderr)
-    );
+    let stdout = succeeded(&sluice(&args), "bench");
     assert!(stdout.contains("req/s"), "{stdout}");
     served.terminate();
     assert_eq!(served.child.wait().unwrap().code(), Some(0));
@@ -338,14 +319,7 @@ fn the_shipped_configs_validate() {
     // config/ is what the README's first command serves; deploy/ ships two more sets.
     for dir in ["config", "deploy/envoy/sluice-config"] {
         let path = format!("{}/{dir}", env!("CARGO_MANIFEST_DIR"));
-        let out = sluice(&["validate", &path]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{dir}: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeeded(&sluice(&["validate", &path]), dir);
     }
 }
 
@@ -389,4 +363,16 @@ fn log_format_json_writes_one_json_object_per_line() {
     assert_eq!(seen, ["rate limit config loaded", "serving"]);
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// The standard output of a run that must exit 0; its output and errors otherwise.
+fn succeeded(out: &std::process::Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{what}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
