@@ -19,7 +19,7 @@ use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::reload::{ConfigInfo, ReloadOptions, Reloader, SharedConfigInfo};
-use crate::rls::RlsService;
+use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::{Backend, Settings};
 use crate::shutdown::Drain;
 use crate::store::redis::RedisOptions;
@@ -200,6 +200,7 @@ impl Prepared {
             .local_addr()
             .map_err(|e| AppError::Serve(e.to_string()))?;
         let grpc_server = tonic::transport::Server::builder()
+            .layer(ClientFaultsLayer::new(Some(self.metrics.clone())))
             .add_service(health_service)
             .add_service(rls.clone().into_server());
         let grpc: std::pin::Pin<

@@ -210,3 +210,38 @@ async fn a_probe_abandoned_by_its_caller_does_not_keep_the_breaker_open() {
     redis.resume();
     wait_until_counting(&server, &mut client).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_refusing_to_run_the_script_is_answered_by_each_failure_mode() {
+    let redis = RedisServer::start();
+    let server = server(&redis).await;
+    let mut client = server.client().await;
+    assert!(ok(&ask(&mut client, "closed", "a").await));
+
+    // Out of memory, writes refused (OOM command not allowed): Redis answers at once, with
+    // an error. Every answer follows the rule's failure_mode; none is a gRPC error (which
+    // Envoy would let through, deny rules included).
+    redis.command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.command(&["CONFIG", "SET", "maxmemory", "1"]);
+    for i in 0..20 {
+        let value = format!("oom{i}");
+        assert!(!ok(&ask(&mut client, "closed", &value).await), "deny fails closed");
+        assert!(ok(&ask(&mut client, "open", &value).await), "allow fails open");
+    }
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("failing (circuit breaker open)"), "{page}");
+    let (_, metrics) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert_eq!(
+        common::metric::<f64>(&metrics, r#"sluice_errors_total{type="store_unavailable"}"#),
+        None,
+        "no request failed: {metrics}"
+    );
+
+    // Memory back: counting resumes by itself.
+    redis.command(&["CONFIG", "SET", "maxmemory", "0"]);
+    wait_until_counting(&server, &mut client).await;
+    assert_eq!(
+        ask(&mut client, "closed", "after").await.statuses[0].limit_remaining,
+        1
+    );
+}

@@ -22,7 +22,7 @@ use crate::store::{Batch, CounterKey, CounterOp, FailureMode, Role, Store, Store
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
 
 /// Process-wide switches of the limiter.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct LimiterOptions {
     /// `SHADOW_MODE`: never answer OVER_LIMIT overall; statuses still tell the truth.
     pub shadow_mode: bool,
@@ -31,6 +31,24 @@ pub struct LimiterOptions {
     /// What rules without a `failure_mode` (theirs or their domain's) answer while the store
     /// fails.
     pub failure_mode: FailureMode,
+    /// Most descriptors one request may carry (`MAX_REQUEST_DESCRIPTORS`).
+    pub max_descriptors: usize,
+    /// Most entries one descriptor may carry (`MAX_DESCRIPTOR_ENTRIES`).
+    pub max_entries: usize,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        Self {
+            shadow_mode: false,
+            quota_mode: false,
+            failure_mode: FailureMode::default(),
+            // Envoy sends a handful of descriptors of a few entries; these bound the work
+            // of one request (every descriptor is matched and counted) far above that.
+            max_descriptors: 64,
+            max_entries: 16,
+        }
+    }
 }
 
 /// Why a request got no answer.
@@ -112,7 +130,7 @@ impl Limiter {
 
     /// Answers one request.
     pub async fn check(&self, request: &Request) -> Result<Response, LimitError> {
-        validate(request)?;
+        validate(request, &self.options)?;
         let policy = self.policy();
         let domain = policy.domain(&request.domain);
         if domain.is_none() {
@@ -257,10 +275,18 @@ impl Limiter {
             _ if self.options.quota_mode => Role::Quota,
             _ => Role::Enforce,
         };
+        // Hits beyond the capacity plus one change no decision (they are over any state of the
+        // counter) and no state (a refund cannot go below empty), so they are clamped here,
+        // before any store does arithmetic with them: 2^63 hits must not overflow a count.
+        let most = algorithm_limit
+            .requests
+            .max(algorithm_limit.burst)
+            .saturating_add(1)
+            .min(i64::MAX as u64) as i64;
         CounterOp {
             key: CounterKey::new(domain, entries, &algorithm_limit),
             limit: algorithm_limit,
-            hits: descriptor.hits,
+            hits: descriptor.hits.clamp(-most, most),
             role,
             failure_mode: rule
                 .and_then(|r| r.failure_mode)
@@ -393,7 +419,7 @@ fn override_key(domain: &str, descriptor: &Descriptor) -> String {
     key
 }
 
-fn validate(request: &Request) -> Result<(), LimitError> {
+fn validate(request: &Request, options: &LimiterOptions) -> Result<(), LimitError> {
     if request.domain.is_empty() {
         return Err(LimitError::InvalidRequest(
             "rate limit domain must not be empty".into(),
@@ -404,10 +430,30 @@ fn validate(request: &Request) -> Result<(), LimitError> {
             "rate limit descriptor list must not be empty".into(),
         ));
     }
+    if request.descriptors.len() > options.max_descriptors {
+        return Err(LimitError::InvalidRequest(format!(
+            "rate limit request has {} descriptors, more than the {} allowed (MAX_REQUEST_DESCRIPTORS)",
+            request.descriptors.len(),
+            options.max_descriptors
+        )));
+    }
     for (i, descriptor) in request.descriptors.iter().enumerate() {
         if descriptor.entries.is_empty() {
             return Err(LimitError::InvalidRequest(format!(
                 "rate limit descriptor {i} has no entries"
+            )));
+        }
+        if descriptor.entries.len() > options.max_entries {
+            return Err(LimitError::InvalidRequest(format!(
+                "rate limit descriptor {i} has {} entries, more than the {} allowed (MAX_DESCRIPTOR_ENTRIES)",
+                descriptor.entries.len(),
+                options.max_entries
+            )));
+        }
+        // Envoy's proto requires a key (`min_len: 1`); the reference service rejects none.
+        if let Some(j) = descriptor.entries.iter().position(|e| e.key.is_empty()) {
+            return Err(LimitError::InvalidRequest(format!(
+                "rate limit descriptor {i} entry {j} has an empty key"
             )));
         }
         if descriptor.limit.is_some_and(|l| l.requests_per_unit == 0) {

@@ -5,6 +5,7 @@
 //! Endpoints: `RateLimitService/ShouldRateLimit`.
 
 pub mod convert;
+mod faults;
 pub mod headers;
 mod metadata;
 mod unwind;
@@ -20,6 +21,7 @@ use tonic::{Request, Response, Status};
 use crate::limiter::{LimitError, Limiter};
 use crate::metrics::Metrics;
 
+pub use faults::ClientFaultsLayer;
 pub use headers::{ReferenceHeaders, ResponseOptions};
 pub use unwind::CatchUnwind;
 

@@ -159,6 +159,14 @@ pub struct ServeArgs {
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub quota_mode: bool,
 
+    /// Most descriptors one request may carry; more is answered INVALID_ARGUMENT
+    #[arg(long, env = "MAX_REQUEST_DESCRIPTORS", default_value = "64")]
+    pub max_request_descriptors: usize,
+
+    /// Most entries one descriptor may carry; more is answered INVALID_ARGUMENT
+    #[arg(long, env = "MAX_DESCRIPTOR_ENTRIES", default_value = "16")]
+    pub max_descriptor_entries: usize,
+
     /// Merge config files that declare the same domain instead of rejecting them
     #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
@@ -397,6 +405,23 @@ impl ServeArgs {
                 message: format!("{} is not in (0, 1]", self.near_limit_ratio),
             });
         }
+        for (value, name) in [
+            (
+                self.max_request_descriptors,
+                "--max-request-descriptors (MAX_REQUEST_DESCRIPTORS)",
+            ),
+            (
+                self.max_descriptor_entries,
+                "--max-descriptor-entries (MAX_DESCRIPTOR_ENTRIES)",
+            ),
+        ] {
+            if value == 0 {
+                return Err(SettingsError {
+                    name: name.into(),
+                    message: "must be at least 1".into(),
+                });
+            }
+        }
         if self.memory_max_keys == 0 {
             return Err(SettingsError {
                 name: "--memory-max-keys (MEMORY_MAX_KEYS)".into(),
@@ -451,6 +476,8 @@ impl ServeArgs {
                 shadow_mode: self.shadow_mode,
                 quota_mode: self.quota_mode,
                 failure_mode: self.failure_mode,
+                max_descriptors: self.max_request_descriptors,
+                max_entries: self.max_descriptor_entries,
             },
             merge_domains: self.merge_domain_config,
             config_watch_interval: self.config_watch_interval,

@@ -157,17 +157,18 @@ impl MemoryStore {
 
         // Decide every operation against the counters plus this batch's own earlier
         // charges (two descriptors of one request may share a counter).
-        let mut pending: Vec<(usize, Transition)> = Vec::new();
+        let mut pending = Pending::default();
         let mut decisions = Vec::with_capacity(batch.ops.len());
         for (i, op) in batch.ops.iter().enumerate() {
-            let current = pending_state(&pending, batch, &op.key)
+            let current = pending
+                .state(&op.key)
                 .or_else(|| guards[guard_of(i)].get(&op.key, op.limit.algorithm, now));
             let t = algorithm::decide(current.as_ref(), &op.limit, now, op.hits);
             decisions.push(t.decision);
             if (t.decision.allowed && op.hits != 0)
                 || algorithm::applies_unconditionally(&op.limit, op.hits)
             {
-                pending.push((i, t));
+                pending.push(i, &op.key, t);
             }
         }
 
@@ -175,22 +176,21 @@ impl MemoryStore {
         if !admitted {
             // Nothing is charged, but refunds still return what earlier requests took (and
             // concurrency acquisitions count: their releases will come).
-            pending.clear();
+            pending = Pending::default();
             for (i, op) in batch
                 .ops
                 .iter()
                 .enumerate()
                 .filter(|(_, op)| algorithm::applies_unconditionally(&op.limit, op.hits))
             {
-                let current = pending_state(&pending, batch, &op.key)
+                let current = pending
+                    .state(&op.key)
                     .or_else(|| guards[guard_of(i)].get(&op.key, op.limit.algorithm, now));
-                pending.push((
-                    i,
-                    algorithm::decide(current.as_ref(), &op.limit, now, op.hits),
-                ));
+                let t = algorithm::decide(current.as_ref(), &op.limit, now, op.hits);
+                pending.push(i, &op.key, t);
             }
         }
-        for (i, t) in pending {
+        for (i, t) in pending.latest() {
             let key = &batch.ops[i].key;
             shared.store(&mut guards[guard_of(i)], key, t, now);
         }
@@ -203,17 +203,54 @@ impl MemoryStore {
     }
 }
 
-/// The latest state this batch has already decided for `key`, if any.
-fn pending_state(
-    pending: &[(usize, Transition)],
-    batch: &Batch,
-    key: &CounterKey,
-) -> Option<State> {
-    pending
-        .iter()
-        .rev()
-        .find(|(i, _)| batch.ops[*i].key == *key)
-        .map(|(_, t)| t.next)
+/// The charges a batch has decided so far, latest per key: what a later operation on the same
+/// counter must see. A request carries few operations, so they are scanned while they are few
+/// and indexed once there are more (a wide request stays linear, not quadratic).
+#[derive(Default)]
+struct Pending<'b> {
+    charges: Vec<(usize, Transition)>,
+    /// Key → position in `charges` of its latest charge, once there are more than
+    /// [`Pending::SCAN`].
+    index: Option<HashMap<&'b CounterKey, usize>>,
+    keys: Vec<&'b CounterKey>,
+}
+
+impl<'b> Pending<'b> {
+    const SCAN: usize = 8;
+
+    fn state(&self, key: &CounterKey) -> Option<State> {
+        let at = match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.keys.iter().rposition(|k| *k == key),
+        };
+        at.map(|at| self.charges[at].1.next)
+    }
+
+    fn push(&mut self, op: usize, key: &'b CounterKey, t: Transition) {
+        let at = self.charges.len();
+        self.charges.push((op, t));
+        self.keys.push(key);
+        match &mut self.index {
+            Some(index) => {
+                index.insert(key, at);
+            }
+            None if self.keys.len() > Self::SCAN => {
+                let index = self
+                    .keys
+                    .iter()
+                    .enumerate()
+                    .map(|(at, k)| (*k, at))
+                    .collect();
+                self.index = Some(index);
+            }
+            None => {}
+        }
+    }
+
+    /// Every charge in order; a key charged twice ends with its latest state.
+    fn latest(self) -> impl Iterator<Item = (usize, Transition)> {
+        self.charges.into_iter()
+    }
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {

@@ -80,12 +80,10 @@ impl Resilient {
                     self.breaker.succeeded();
                     return Ok(applied);
                 }
-                // A bad answer is a bug, not an outage: it must be seen, not papered over.
-                // The store did answer, though.
-                Ok(Err(e)) if !e.is_transient() => {
-                    self.breaker.succeeded();
-                    return Err(e);
-                }
+                // Every failure to run the call is answered by the failure policy, whatever
+                // its cause (unreachable, out of memory, MISCONF, BUSY, a refused login, an
+                // answer that makes no sense): the rule's `failure_mode` is what the operator
+                // chose for the time the store cannot decide.
                 Ok(Err(e)) => e,
                 Err(_) => StoreError::Unavailable(format!(
                     "no answer within the {:?} deadline",

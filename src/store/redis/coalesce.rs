@@ -128,7 +128,7 @@ impl Shared {
             match result {
                 Ok(replies) => {
                     for (waiting, reply) in requests.drain(..).zip(replies) {
-                        let _ = waiting.reply.send(Ok(reply));
+                        let _ = waiting.reply.send(reply);
                     }
                 }
                 Err(error) => {

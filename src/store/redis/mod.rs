@@ -155,10 +155,9 @@ impl RedisStore {
     ) -> Result<Reply, StoreError> {
         let part = self.part(ops, always_admit, quota_as_shadow, guards);
         let values = self.shared.invoke(&[&part]).await?;
-        let mut replies = decode(&values, &[&part])?;
-        replies
+        decode(&values, &[&part])?
             .pop()
-            .ok_or_else(|| StoreError::Internal("the script returned no answer".into()))
+            .ok_or_else(|| StoreError::Internal("the script returned no answer".into()))?
     }
 
     async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
@@ -344,56 +343,81 @@ async fn query(
 }
 
 /// Splits a script call's answer into one reply per part (the layout is in `lua/batch.lua`).
-fn decode(values: &[i64], parts: &[&Part]) -> Result<Vec<Reply>, StoreError> {
-    let short = || {
-        StoreError::Internal(format!(
-            "script returned {} values, too few for {} requests",
-            values.len(),
-            parts.len()
-        ))
-    };
-    let micros = |v: i64| v.max(0) as Micros;
-    let mut values = values.iter().copied();
-    let mut next = || values.next().ok_or_else(short);
-    let now = micros(next()?);
+/// Each request's answer is framed by its header, so one that makes no sense fails that
+/// request alone; only an answer whose frames do not add up fails them all.
+fn decode(values: &[i64], parts: &[&Part]) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+    let (&now, mut rest) = values
+        .split_first()
+        .ok_or_else(|| StoreError::Internal("the script returned no values".into()))?;
+    let now = now.max(0) as Micros;
     let mut replies = Vec::with_capacity(parts.len());
-    for part in parts {
-        let admitted = next()? == 1;
-        let decisions = (0..part.keys.len())
-            .map(|_| {
-                let first = next()?;
-                let reset_after = micros(next()?);
-                Ok(if first >= 0 {
-                    Decision {
-                        allowed: true,
-                        remaining: first as u64,
-                        reset_after,
-                        retry_after: None,
-                    }
-                } else {
-                    let retry = next()?;
-                    Decision {
-                        allowed: false,
-                        remaining: (-1 - first) as u64,
-                        reset_after,
-                        retry_after: (retry >= 0).then(|| micros(retry)),
-                    }
-                })
+    for (index, part) in parts.iter().enumerate() {
+        let frame = rest
+            .split_first()
+            .and_then(|(&header, tail)| {
+                let len = usize::try_from(header >> 1).ok()?;
+                (header >= 0 && len <= tail.len()).then(|| (header & 1 == 1, tail.split_at(len)))
             })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        replies.push(Reply {
+            .ok_or_else(|| {
+                StoreError::Internal(format!(
+                    "script answer breaks off at request {index} of {}",
+                    parts.len()
+                ))
+            })?;
+        let (admitted, (own, tail)) = frame;
+        rest = tail;
+        replies.push(decode_request(own, part.keys.len()).map(|decisions| Reply {
             admitted,
             now,
             decisions,
-        });
+        }));
     }
-    if values.next().is_some() {
+    if !rest.is_empty() {
         return Err(StoreError::Internal(format!(
-            "script returned more values than {} requests need",
+            "script returned {} values more than {} requests need",
+            rest.len(),
             parts.len()
         )));
     }
     Ok(replies)
+}
+
+/// One request's decisions from its `values`: per counter, remaining and reset when allowed,
+/// or `-1 - remaining`, reset and retry (-1: none) when not.
+fn decode_request(values: &[i64], counters: usize) -> Result<Vec<Decision>, StoreError> {
+    let bad = || {
+        StoreError::Internal(format!(
+            "script answered {} values for {counters} counters",
+            values.len()
+        ))
+    };
+    let micros = |v: i64| v.max(0) as Micros;
+    let mut values = values.iter().copied();
+    let mut decisions = Vec::with_capacity(counters);
+    for _ in 0..counters {
+        let (first, reset) = values.next().zip(values.next()).ok_or_else(bad)?;
+        decisions.push(if first >= 0 {
+            Decision {
+                allowed: true,
+                remaining: first as u64,
+                reset_after: micros(reset),
+                retry_after: None,
+            }
+        } else {
+            let retry = values.next().ok_or_else(bad)?;
+            Decision {
+                allowed: false,
+                // -1 - remaining, written so that no value can overflow.
+                remaining: (-(first + 1)) as u64,
+                reset_after: micros(reset),
+                retry_after: (retry >= 0).then(|| micros(retry)),
+            }
+        });
+    }
+    match values.next() {
+        None => Ok(decisions),
+        Some(_) => Err(bad()),
+    }
 }
 
 impl Store for RedisStore {

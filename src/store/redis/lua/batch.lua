@@ -18,7 +18,8 @@
 --          (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 concurrency), limit,
 --          window (µs), burst, hits (negative: refund), role (0 enforce, 1 shadow,
 --          2 quota), guard (window start a refund must still be in, or -1)
--- Returns  {now, then per request: admitted (1 or 0), then per counter: remaining and
+-- Returns  {now, then per request: a header (1 if admitted, else 0, plus twice the number
+--          of values that follow for this request), then per counter: remaining and
 --          reset_after when allowed, or -1 - remaining, reset_after and retry_after (-1:
 --          none) when not}, times in microseconds (an allowed counter has no retry_after:
 --          a shorter answer is less for Redis to write and Sluice to read)
@@ -44,33 +45,25 @@ for k = 1, #KEYS do
     slot_of[key] = #distinct
   end
 end
+if #distinct == 0 then return { now } end -- a probe: no counters
 local stored = redis.call('MGET', unpack(distinct))
 -- Each key's state after the requests applied so far (false: none), decoded on first use
 -- (an unreadable value counts as none); and, for the keys to write, the algorithm and the
 -- expiry (ms) of their last charge.
 local current, algorithm_of, expiry_of = {}, {}, {}
 local out, o = { now }, 1
--- The current request's counters: key, and the state it charged (false: none). A counter
--- sees the latest charge of an earlier counter of the same request on the same key (two
--- descriptors may share a counter), then what earlier requests charged, then Redis.
-local pending_key, pending_state, pending_expiry, pending_algorithm = {}, {}, {}, {}
+-- The current request's charges, by key: the latest state charged, its algorithm and its
+-- expiry. A counter sees the latest charge of an earlier counter of the same request on the
+-- same key (two descriptors may share a counter), then what earlier requests charged, then
+-- Redis. A table by key, so a wide request costs linear time, not quadratic.
+local pending_state, pending_expiry, pending_algorithm = {}, {}, {}
 
--- Decides the counter at KEYS[k] (seven values from ARGV[a]), counter i of its request.
--- Returns the algorithm's answer, and whether the charge applies unconditionally (mirrors
--- algorithm::applies_unconditionally: refunds, and concurrency acquisitions).
-local function run(k, a, i)
+-- Decides the counter at KEYS[k] (seven values from ARGV[a]). Returns the algorithm's answer.
+local function run(k, a)
   local key = KEYS[k]
   local algorithm = tonumber(ARGV[a])
-  local st = false
-  local j = i - 1
-  while j >= 1 do
-    if pending_key[j] == key and pending_state[j] then
-      st = pending_state[j]
-      break
-    end
-    j = j - 1
-  end
-  if j < 1 then
+  local st = pending_state[key]
+  if st == nil then
     st = current[key]
     if st == nil then
       local raw = stored[slot_of[key]]
@@ -78,19 +71,18 @@ local function run(k, a, i)
       current[key] = st
     end
   end
-  local hits = tonumber(ARGV[a + 4])
+  local hits = safe(tonumber(ARGV[a + 4]))
   local allowed, remaining, reset, retry, next_state, expires = steps[algorithm](
     st, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), now, hits,
     tonumber(ARGV[a + 6]))
+  -- Mirrors algorithm::applies_unconditionally: refunds, and concurrency acquisitions.
   local unconditional = hits < 0 or (hits > 0 and algorithm == 4)
-  pending_key[i] = key
-  pending_algorithm[i] = algorithm
-  pending_state[i] = false
   if ((allowed and hits ~= 0) or unconditional) and next_state then
-    pending_state[i] = next_state
-    pending_expiry[i] = expires
+    pending_state[key] = next_state
+    pending_algorithm[key] = algorithm
+    pending_expiry[key] = expires
   end
-  return allowed, remaining, reset, retry
+  return allowed, max(safe(remaining), 0), max(safe(reset), 0), max(safe(retry), -1)
 end
 
 local at, first_key = 2, 0
@@ -103,7 +95,7 @@ while at <= #ARGV do
   out[o] = 0
   for i = 1, n do
     local k, a = first_key + i, at + 2 + (i - 1) * 7
-    local allowed, remaining, reset, retry = run(k, a, i)
+    local allowed, remaining, reset, retry = run(k, a)
     local role = ARGV[a + 5]
     if role == '0' and not allowed then enforce_over = true end
     if role == '2' then
@@ -119,29 +111,30 @@ while at <= #ARGV do
     end
   end
 
-  if always or not (enforce_over or (quota_seen and quota_all_over)) then
-    out[admitted_at] = 1
-  else
+  local admitted = always or not (enforce_over or (quota_seen and quota_all_over))
+  if not admitted then
     -- Nothing is charged, but refunds still return what earlier requests took (and
     -- concurrency acquisitions count: their releases will come).
-    for i = 1, n do pending_key[i] = false end
+    pending_state, pending_expiry, pending_algorithm = {}, {}, {}
     for i = 1, n do
       local k, a = first_key + i, at + 2 + (i - 1) * 7
       local hits = tonumber(ARGV[a + 4])
       if hits < 0 or (hits > 0 and ARGV[a] == '4') then
-        run(k, a, i)
+        run(k, a)
       end
     end
   end
-  for i = 1, n do
-    local key = pending_key[i]
-    if key and pending_state[i] then
-      current[key] = pending_state[i]
-      algorithm_of[key] = pending_algorithm[i]
-      expiry_of[key] = pending_expiry[i]
+  if next(pending_state) then
+    for key, st in pairs(pending_state) do
+      current[key] = st
+      algorithm_of[key] = pending_algorithm[key]
+      expiry_of[key] = pending_expiry[key]
     end
-    pending_key[i] = false
+    pending_state, pending_expiry, pending_algorithm = {}, {}, {}
   end
+  -- The request's header: admitted, and how many values follow, so that Sluice can read
+  -- each request's answer on its own.
+  out[admitted_at] = (admitted and 1 or 0) + 2 * (o - admitted_at)
   at = at + 2 + 7 * n
   first_key = first_key + n
 end

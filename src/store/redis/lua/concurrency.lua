@@ -4,11 +4,12 @@
 -- cannot hold capacity forever. Decoded once per call into {count}.
 local function concurrency_decode(raw)
   local count = tonumber(raw)
-  if count then return { count } end
+  -- A negative or non-finite count is no state a release or acquisition could have left.
+  if count and count >= 0 and count < MAX_SAFE then return { floor(count) } end
 end
 
 local function concurrency_encode(st)
-  return format('%d', st[1])
+  return format('%d', max(safe(st[1]), 0))
 end
 
 local function concurrency(st, limit, window, burst, now, hits, guard)

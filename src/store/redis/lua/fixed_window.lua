@@ -6,11 +6,11 @@
 -- reset_after, retry_after (-1: none), the next state (nil: unchanged) and its expiry (ms).
 local function fixed_window_decode(raw)
   local s, c = match(raw, '^(%d+) (%d+)$')
-  if s then return { tonumber(s), tonumber(c) } end
+  if s then return { safe(tonumber(s)), safe(tonumber(c)) } end
 end
 
 local function fixed_window_encode(st)
-  return format('%d %d', st[1], st[2])
+  return format('%d %d', max(safe(st[1]), 0), max(safe(st[2]), 0))
 end
 
 local function fixed_window(st, limit, window, burst, now, hits, guard)

@@ -7,11 +7,11 @@
 -- once per call into {last, previous, current}.
 local function sliding_window_decode(raw)
   local s, p, c = match(raw, '^(%d+) (%d+) (%d+)$')
-  if s then return { tonumber(s), tonumber(p), tonumber(c) } end
+  if s then return { safe(tonumber(s)), safe(tonumber(p)), safe(tonumber(c)) } end
 end
 
 local function sliding_window_encode(st)
-  return format('%d %d %d', st[1], st[2], st[3])
+  return format('%d %d %d', max(safe(st[1]), 0), max(safe(st[2]), 0), max(safe(st[3]), 0))
 end
 
 -- Hits still available with `c` in the current window.

@@ -6,13 +6,10 @@
 -- one without a last charge. Decoded once per call into {tat, last}.
 local function token_bucket_decode(raw)
   local t, last = match(raw, '^(%S+) (%d+)$')
-  if t then
-    t = tonumber(t)
-    if t then return { t, tonumber(last) } end
-    return nil
-  end
-  t = tonumber(raw)
-  if t then return { t, 0 } end
+  if not t then t, last = raw, '0' end
+  t, last = tonumber(t), safe(tonumber(last))
+  -- An arrival time no clock reaches (or NaN) is no state a charge could have left.
+  if t and t >= 0 and t < MAX_SAFE then return { t, last } end
 end
 
 local function token_bucket_encode(st)
