@@ -54,6 +54,8 @@ pub struct Metrics {
     failure_mode_seen: Mutex<[u64; 3]>,
     memory_keys: IntGauge,
     memory_evicted: IntGauge,
+    memory_bytes: IntGauge,
+    memory_full: IntGauge,
 }
 
 struct RuleMetrics {
@@ -229,6 +231,16 @@ impl Metrics {
                 "sluice_memory_store_evicted_keys",
                 "Live counters the memory store evicted at its cap",
             ),
+            memory_bytes: gauge(
+                r,
+                "sluice_memory_store_bytes",
+                "Heap bytes the memory store's counters take",
+            ),
+            memory_full: gauge(
+                r,
+                "sluice_memory_store_full",
+                "1 while the memory store evicts live counters (it did within the last minute)",
+            ),
             registry,
         }
     }
@@ -240,6 +252,10 @@ impl Metrics {
             self.memory_keys.set(keys as i64);
         }
         self.memory_evicted.set(store.evicted_keys as i64);
+        if let Some(bytes) = store.bytes {
+            self.memory_bytes.set(bytes as i64);
+        }
+        self.memory_full.set(i64::from(store.full));
         {
             let mut seen = self
                 .failure_mode_seen

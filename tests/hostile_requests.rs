@@ -351,3 +351,56 @@ async fn huge_hits_are_clamped_on_redis_and_poison_no_key() {
         assert_eq!(r.overall_code, expected as i32);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_flood_fills_the_store_visibly_and_real_limits_hold() {
+    let mut settings = Settings::for_tests(config_dir("flood", &[("hostile.yaml", CONFIG)]));
+    settings.memory.max_keys = 1_000;
+    let server = TestServer::start_with(settings).await;
+    let client = server.client().await;
+    let mut admitted = [0u32; 5];
+    for round in 0..15 {
+        let mut c = client.clone();
+        for (u, count) in admitted.iter_mut().enumerate() {
+            let r = should_rate_limit(
+                &mut c,
+                request(
+                    "hostile",
+                    vec![descriptor(&[("user", &format!("real{u}"))])],
+                ),
+            )
+            .await;
+            *count += u32::from(r.overall_code == Code::Ok as i32);
+        }
+        // 400 one-hit keys per round from 4 concurrent clients (a header the attacker varies).
+        let mut flood = Vec::new();
+        for t in 0..4 {
+            let mut c = client.clone();
+            flood.push(tokio::spawn(async move {
+                for i in 0..100 {
+                    let value = format!("flood-{round}-{t}-{i}");
+                    should_rate_limit(
+                        &mut c,
+                        request("hostile", vec![descriptor(&[("user", &value)])]),
+                    )
+                    .await;
+                }
+            }));
+        }
+        for f in flood {
+            f.await.unwrap();
+        }
+    }
+    assert_eq!(admitted, [10; 5], "every real user stopped at 10 an hour");
+    let (code, body) = http_get(server.http_addr, "/ready").await.unwrap();
+    assert_eq!(code, 200, "a full store still serves");
+    assert!(body.contains("store full"), "{body}");
+    let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert_eq!(metric::<u64>(&page, "sluice_memory_store_full"), Some(1));
+    assert!(metric::<u64>(&page, "sluice_memory_store_evicted_keys") > Some(4_000));
+    let bytes = metric::<u64>(&page, "sluice_memory_store_bytes").unwrap();
+    assert!(
+        bytes <= sluice::store::memory::MAX_BYTES_PER_COUNTER * 1_000 + 64 * 1024,
+        "{bytes}"
+    );
+}

@@ -225,8 +225,14 @@ async fn redis_refusing_to_run_the_script_is_answered_by_each_failure_mode() {
     redis.command(&["CONFIG", "SET", "maxmemory", "1"]);
     for i in 0..20 {
         let value = format!("oom{i}");
-        assert!(!ok(&ask(&mut client, "closed", &value).await), "deny fails closed");
-        assert!(ok(&ask(&mut client, "open", &value).await), "allow fails open");
+        assert!(
+            !ok(&ask(&mut client, "closed", &value).await),
+            "deny fails closed"
+        );
+        assert!(
+            ok(&ask(&mut client, "open", &value).await),
+            "allow fails open"
+        );
     }
     let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
     assert!(page.contains("failing (circuit breaker open)"), "{page}");

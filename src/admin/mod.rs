@@ -98,6 +98,18 @@ async fn healthcheck(State(state): State<AdminState>) -> Response {
 
 async fn ready(State(state): State<AdminState>) -> Response {
     if state.health.is_serving() {
+        // A full store still serves (evicting the counters it can best spare), but the
+        // operator must see it: it means the cap is too small for the traffic.
+        let store = state.limiter.store().status();
+        if store.full {
+            let body = format!(
+                "ready\nstore full: {} of at most {} counters tracked, {} live counters evicted; raise MEMORY_MAX_KEYS or use a shared store\n",
+                store.tracked_keys.unwrap_or(0),
+                store.max_keys.unwrap_or(0),
+                store.evicted_keys
+            );
+            return (StatusCode::OK, body).into_response();
+        }
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
@@ -146,6 +158,12 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
     }
     if store.tracked_keys.is_some() {
         let _ = write!(out, ", {} live keys evicted", store.evicted_keys);
+    }
+    if let Some(bytes) = store.bytes {
+        let _ = write!(out, ", {bytes} bytes");
+    }
+    if store.full {
+        let _ = write!(out, ", full");
     }
     if let Some(detail) = &store.detail {
         let _ = write!(out, ", {detail}");

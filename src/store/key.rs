@@ -5,6 +5,13 @@
 //! reference service joins parts with `_`, which lets `a_b` collide with `a` + `b`; here `|`,
 //! `=` and `\` inside a part are escaped with `\`, so distinct counters always get distinct keys
 //! while the key stays readable in `redis-cli`.
+//!
+//! A part longer than [`LONG_PART`] bytes (a long header value, an attacker's 1 MB one) is
+//! written as `\#` and 32 hex digits of its SHA-256 instead, so a key is at most a few
+//! kilobytes whatever the request, in Redis as in memory. `\#` cannot come out of escaping
+//! (a backslash is only ever followed by `|`, `=` or `\`), so a digest never equals a
+//! written-out part; SHA-256 is the same on every instance (the fleet must agree on keys)
+//! and no one can make two values share a digest.
 
 use std::fmt::{self, Write as _};
 
@@ -50,7 +57,18 @@ impl fmt::Display for CounterKey {
     }
 }
 
+/// Parts longer than this many bytes are written as their digest.
+pub const LONG_PART: usize = 128;
+
 fn escape_into(out: &mut String, part: &str) {
+    if part.len() > LONG_PART {
+        let digest = ring::digest::digest(&ring::digest::SHA256, part.as_bytes());
+        out.push_str("\\#");
+        for byte in &digest.as_ref()[..16] {
+            let _ = write!(out, "{byte:02x}");
+        }
+        return;
+    }
     if !part.contains(['|', '=', '\\']) {
         out.push_str(part);
         return;
@@ -95,6 +113,36 @@ mod tests {
         assert_ne!(
             CounterKey::new("d", [("a_b", "c")], &MINUTE),
             CounterKey::new("d", [("a", "b_c")], &MINUTE)
+        );
+    }
+
+    #[test]
+    fn long_parts_are_written_as_their_digest() {
+        let long = "x".repeat(LONG_PART + 1);
+        let key = CounterKey::new("d", [("path", long.as_str())], &MINUTE);
+        // The first 128 bits of SHA-256("x" × 129): every instance writes the same key.
+        assert_eq!(
+            key.as_str(),
+            r"d|path=\#0ec9eb33e74510bcdd1f2ea55206e82f|60s:fw"
+        );
+        // A megabyte costs what 129 bytes cost, and different values stay different.
+        let huge = "y".repeat(1 << 20);
+        assert_eq!(
+            CounterKey::new("d", [("path", huge.as_str())], &MINUTE)
+                .as_str()
+                .len(),
+            key.as_str().len()
+        );
+        assert_ne!(
+            CounterKey::new("d", [("path", huge.as_str())], &MINUTE),
+            key
+        );
+        // At the threshold a part is still written out.
+        let edge = "z".repeat(LONG_PART);
+        assert!(
+            CounterKey::new("d", [("path", edge.as_str())], &MINUTE)
+                .as_str()
+                .contains(&edge)
         );
     }
 

@@ -5,12 +5,19 @@
 //! across an `.await`: a batch is applied synchronously). A request locks only the shards
 //! its counters live in, in ascending order (so two requests can never deadlock), which
 //! makes the whole batch atomic without a global lock. Idle counters expire: a background
-//! sweeper drops them, and a full shard purges them before evicting anything. A cap on
-//! tracked counters bounds memory under a flood of random keys; when it is reached the
-//! counter closest to expiry (of a small sample) is evicted, counted and logged.
+//! sweeper drops them, and a full shard purges them before evicting anything.
+//!
+//! Memory is bounded in bytes, whatever the descriptor values: a counter is stored under a
+//! 128-bit keyed digest of its key (`memory/table.rs`), in a fixed-size entry, and a cap on
+//! tracked counters bounds their number. When a shard is full, the victim is the counter
+//! charged the fewest hits (then the closest to expiry) among a random sample: a flood of
+//! one-hit keys evicts its own kind, and the counters in real use, those that have been
+//! charged again and again and are the ones near their limits, survive it.
+
+mod table;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -22,8 +29,15 @@ use crate::algorithm::{
 };
 use crate::clock::Clock;
 
-/// Entries examined to choose a victim when a full shard must evict.
-const EVICTION_SAMPLE: usize = 8;
+use super::digest::Digester;
+use table::{Digest, DigestHasher, Table};
+
+/// Counters drawn at random to choose a victim when a full shard must evict. With a fraction
+/// `f` of a shard's counters charged more than once, all 16 are such counters with
+/// probability `f^16`: with 90 % of them in real use, one eviction in five touches them.
+const EVICTION_SAMPLE: usize = 16;
+/// A store that evicted a live counter this recently is reported full.
+const FULL_FOR: Micros = 60 * SECOND;
 /// A full shard scans for expired entries at most this often.
 const PURGE_INTERVAL: Micros = SECOND;
 /// How often the background sweeper drops expired counters.
@@ -32,6 +46,11 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 const FULL_SHARD: u64 = 16_384 * 7 / 8;
 /// Eviction warnings are logged at most this often.
 const WARN_INTERVAL: Micros = 60 * SECOND;
+
+/// Heap bytes a counter of the cap may take at most: a 48-byte entry and its share of the
+/// index (at worst two buckets of 25 bytes each × 8/7, for a shard just past a doubling of
+/// its index; with the default cap, shards are sized so that about 29 bytes is the share).
+pub const MAX_BYTES_PER_COUNTER: u64 = 48 + 58;
 
 /// Memory store settings.
 #[derive(Debug, Clone, Copy)]
@@ -56,25 +75,25 @@ pub struct MemoryStore {
 
 struct Shared {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    digester: Digester,
     clock: Arc<dyn Clock>,
     max_keys: u64,
     max_per_shard: usize,
     tracked: AtomicU64,
     evicted: AtomicU64,
+    last_evicted: AtomicU64,
     last_warned: AtomicU64,
 }
 
-#[derive(Default)]
 struct Shard {
-    entries: HashMap<CounterKey, Slot>,
+    entries: Table<Slot>,
     last_purge: Micros,
 }
 
-/// A counter's state packed into 24 bytes, so that a hash bucket (with the key's 16-byte
-/// pointer) takes 40 bytes instead of the 56 of the `State` enum and an expiry. The
-/// algorithm is not stored: it is part of the key. Counts are kept in 32 bits, saturating:
-/// limits are 32-bit (`requests_per_unit`), so a saturated count is over any limit.
+/// A counter's state packed into 32 bytes, so that an entry (with its 16-byte digest) takes
+/// 48 bytes, instead of the 56 of the `State` enum and an expiry with the key. The algorithm is
+/// not stored: it is part of the key. Counts are kept in 32 bits, saturating: limits are
+/// 32-bit (`requests_per_unit`), so a saturated count is over any limit.
 #[derive(Clone, Copy)]
 struct Slot {
     /// Instant after which the state equals no state.
@@ -87,6 +106,8 @@ struct Slot {
     first: u32,
     /// A sliding window's current count; a token bucket's low half of its last charge's time.
     second: u32,
+    /// Hits charged since the counter was created (saturating): what eviction spares.
+    charged: u32,
 }
 
 // === impl MemoryStore ===
@@ -106,14 +127,23 @@ impl MemoryStore {
         let concurrency = (cores * 16).min((max_keys / 256).max(1) as usize);
         let shards = concurrency.max(max_keys.div_ceil(FULL_SHARD) as usize);
         let max_per_shard = max_keys.div_ceil(shards as u64) as usize;
+        let seeds = RandomState::new();
         let shared = Arc::new(Shared {
-            shards: (0..shards).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            shards: (0..shards as u64)
+                .map(|i| {
+                    Mutex::new(Shard {
+                        entries: Table::new(max_per_shard, seeds.hash_one(i)),
+                        last_purge: 0,
+                    })
+                })
+                .collect(),
+            digester: Digester::new(),
             clock,
             max_keys,
             max_per_shard,
             tracked: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            last_evicted: AtomicU64::new(0),
             last_warned: AtomicU64::new(0),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -132,6 +162,18 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Heap bytes the counters take (allocated capacity): bounded by the cap on counters,
+    /// whatever the descriptor values.
+    pub fn heap_bytes(&self) -> u64 {
+        let tables: usize = self
+            .shared
+            .shards
+            .iter()
+            .map(|shard| lock(shard).entries.heap_bytes())
+            .sum();
+        (tables + self.shared.shards.len() * size_of::<Mutex<Shard>>()) as u64
+    }
+
     /// Drops every expired counter now (the sweeper does this periodically).
     pub fn purge_expired(&self) {
         let now = self.shared.clock.now();
@@ -143,11 +185,8 @@ impl MemoryStore {
     fn apply_now(&self, batch: &Batch) -> Applied {
         let shared = &*self.shared;
         let now = shared.clock.now();
-        let shard_of: Vec<usize> = batch
-            .ops
-            .iter()
-            .map(|op| shared.shard_index(&op.key))
-            .collect();
+        let digests: Vec<Digest> = batch.ops.iter().map(|op| shared.digest(&op.key)).collect();
+        let shard_of: Vec<usize> = digests.iter().map(|d| shared.shard_index(d)).collect();
         let mut order = shard_of.clone();
         order.sort_unstable();
         order.dedup();
@@ -161,14 +200,14 @@ impl MemoryStore {
         let mut decisions = Vec::with_capacity(batch.ops.len());
         for (i, op) in batch.ops.iter().enumerate() {
             let current = pending
-                .state(&op.key)
-                .or_else(|| guards[guard_of(i)].get(&op.key, op.limit.algorithm, now));
+                .state(digests[i])
+                .or_else(|| guards[guard_of(i)].get(&digests[i], op.limit.algorithm, now));
             let t = algorithm::decide(current.as_ref(), &op.limit, now, op.hits);
             decisions.push(t.decision);
             if (t.decision.allowed && op.hits != 0)
                 || algorithm::applies_unconditionally(&op.limit, op.hits)
             {
-                pending.push(i, &op.key, t);
+                pending.push(i, digests[i], t);
             }
         }
 
@@ -184,15 +223,15 @@ impl MemoryStore {
                 .filter(|(_, op)| algorithm::applies_unconditionally(&op.limit, op.hits))
             {
                 let current = pending
-                    .state(&op.key)
-                    .or_else(|| guards[guard_of(i)].get(&op.key, op.limit.algorithm, now));
+                    .state(digests[i])
+                    .or_else(|| guards[guard_of(i)].get(&digests[i], op.limit.algorithm, now));
                 let t = algorithm::decide(current.as_ref(), &op.limit, now, op.hits);
-                pending.push(i, &op.key, t);
+                pending.push(i, digests[i], t);
             }
         }
         for (i, t) in pending.latest() {
-            let key = &batch.ops[i].key;
-            shared.store(&mut guards[guard_of(i)], key, t, now);
+            let hits = batch.ops[i].hits;
+            shared.store(&mut guards[guard_of(i)], digests[i], t, hits, now);
         }
         Applied {
             decisions,
@@ -207,26 +246,26 @@ impl MemoryStore {
 /// counter must see. A request carries few operations, so they are scanned while they are few
 /// and indexed once there are more (a wide request stays linear, not quadratic).
 #[derive(Default)]
-struct Pending<'b> {
+struct Pending {
     charges: Vec<(usize, Transition)>,
     /// Key → position in `charges` of its latest charge, once there are more than
     /// [`Pending::SCAN`].
-    index: Option<HashMap<&'b CounterKey, usize>>,
-    keys: Vec<&'b CounterKey>,
+    index: Option<HashMap<Digest, usize, BuildHasherDefault<DigestHasher>>>,
+    keys: Vec<Digest>,
 }
 
-impl<'b> Pending<'b> {
+impl Pending {
     const SCAN: usize = 8;
 
-    fn state(&self, key: &CounterKey) -> Option<State> {
+    fn state(&self, key: Digest) -> Option<State> {
         let at = match &self.index {
-            Some(index) => index.get(key).copied(),
+            Some(index) => index.get(&key).copied(),
             None => self.keys.iter().rposition(|k| *k == key),
         };
         at.map(|at| self.charges[at].1.next)
     }
 
-    fn push(&mut self, op: usize, key: &'b CounterKey, t: Transition) {
+    fn push(&mut self, op: usize, key: Digest, t: Transition) {
         let at = self.charges.len();
         self.charges.push((op, t));
         self.keys.push(key);
@@ -272,6 +311,11 @@ impl Store for MemoryStore {
             tracked_keys: Some(self.len()),
             max_keys: Some(self.shared.max_keys),
             evicted_keys: self.shared.evicted.load(Ordering::Relaxed),
+            bytes: Some(self.heap_bytes()),
+            full: {
+                let last = self.shared.last_evicted.load(Ordering::Relaxed);
+                last != 0 && self.shared.clock.now().saturating_sub(last) < FULL_FOR
+            },
             healthy: true,
             detail: None,
             failure_mode_answers: [0; 3],
@@ -282,16 +326,24 @@ impl Store for MemoryStore {
 // === impl Shared ===
 
 impl Shared {
-    fn shard_index(&self, key: &CounterKey) -> usize {
-        (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
+    fn digest(&self, key: &CounterKey) -> Digest {
+        self.digester.digest(key)
     }
 
-    fn store(&self, shard: &mut Shard, key: &CounterKey, t: Transition, now: Micros) {
-        let slot = Slot::pack(t.next, t.expires_at);
-        if let Some(existing) = shard.entries.get_mut(key) {
+    fn shard_index(&self, digest: &Digest) -> usize {
+        // The second word: the first one picks the bucket inside the shard.
+        (digest.0[1] % self.shards.len() as u64) as usize
+    }
+
+    fn store(&self, shard: &mut Shard, key: Digest, t: Transition, hits: i64, now: Micros) {
+        let mut slot = Slot::pack(t.next, t.expires_at);
+        let charge = u32::try_from(hits.max(0)).unwrap_or(u32::MAX);
+        if let Some(existing) = shard.entries.get_mut(&key) {
+            slot.charged = existing.charged.saturating_add(charge);
             *existing = slot;
             return;
         }
+        slot.charged = charge;
         if shard.entries.len() >= self.max_per_shard {
             if now.saturating_sub(shard.last_purge) >= PURGE_INTERVAL {
                 self.purge(shard, now);
@@ -300,29 +352,38 @@ impl Shared {
                 self.evict_one(shard, now);
             }
         }
-        shard.entries.insert(key.clone(), slot);
+        shard.entries.insert_new(key, slot);
         self.tracked.fetch_add(1, Ordering::Relaxed);
     }
 
     fn purge(&self, shard: &mut Shard, now: Micros) {
-        let before = shard.entries.len();
-        shard.entries.retain(|_, slot| slot.expires_at > now);
+        let removed = shard.entries.retain(|slot| slot.expires_at > now);
         shard.last_purge = now;
-        self.tracked
-            .fetch_sub((before - shard.entries.len()) as u64, Ordering::Relaxed);
+        self.tracked.fetch_sub(removed as u64, Ordering::Relaxed);
     }
 
+    /// Drops the sampled counter whose loss admits the least: an expired one, else the one
+    /// charged the fewest hits, else the one closest to expiry.
     fn evict_one(&self, shard: &mut Shard, now: Micros) {
-        let victim = shard
-            .entries
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, slot)| slot.expires_at)
-            .map(|(key, _)| key.clone());
-        let Some(victim) = victim else { return };
-        shard.entries.remove(&victim);
+        let mut victim: Option<(usize, (bool, u32, Micros))> = None;
+        let positions: Vec<usize> = shard.entries.sample(EVICTION_SAMPLE).collect();
+        for at in positions {
+            let slot = shard.entries.at(at);
+            let score = (slot.expires_at > now, slot.charged, slot.expires_at);
+            if victim.is_none_or(|(_, best)| score < best) {
+                victim = Some((at, score));
+            }
+        }
+        let Some((at, (live, _, _))) = victim else {
+            return;
+        };
+        shard.entries.remove_at(at);
         self.tracked.fetch_sub(1, Ordering::Relaxed);
+        if !live {
+            return;
+        }
         let evicted = self.evicted.fetch_add(1, Ordering::Relaxed) + 1;
+        self.last_evicted.store(now.max(1), Ordering::Relaxed);
         let last = self.last_warned.load(Ordering::Relaxed);
         if (last == 0 || now.saturating_sub(last) >= WARN_INTERVAL)
             && self
@@ -333,14 +394,14 @@ impl Shared {
             tracing::warn!(
                 max_keys = self.max_keys,
                 evicted_total = evicted,
-                "memory store is full: evicting live counters, which forgets their hits; raise --memory-max-keys or use a shared store"
+                "memory store is full: evicting the live counters charged the fewest hits, which forgets them; raise --memory-max-keys or use a shared store"
             );
         }
     }
 }
 
 impl Shard {
-    fn get(&self, key: &CounterKey, algorithm: Algorithm, now: Micros) -> Option<State> {
+    fn get(&self, key: &Digest, algorithm: Algorithm, now: Micros) -> Option<State> {
         self.entries
             .get(key)
             .filter(|slot| slot.expires_at > now)
@@ -348,8 +409,8 @@ impl Shard {
     }
 }
 
-// A hash bucket: the key's pointer and the packed state (docs/performance.md counts on it).
-const _: () = assert!(size_of::<(CounterKey, Slot)>() == 40);
+// An entry: the digest and the packed state (docs/performance.md counts on it).
+const _: () = assert!(size_of::<(Digest, Slot)>() == 48);
 
 // === impl Slot ===
 
@@ -367,6 +428,7 @@ impl Slot {
             word,
             first,
             second,
+            charged: 0,
         }
     }
 

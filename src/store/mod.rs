@@ -8,6 +8,7 @@
 //! - [`overlimit`]: answers keys known to be over the limit without a store round trip.
 
 mod batch;
+mod digest;
 mod key;
 pub mod memory;
 pub mod overlimit;
@@ -55,6 +56,10 @@ pub struct StoreStatus {
     pub max_keys: Option<u64>,
     /// Live counters dropped because the cap was reached.
     pub evicted_keys: u64,
+    /// Heap bytes the counters take (where known).
+    pub bytes: Option<u64>,
+    /// Whether the store is evicting live counters (it did within the last minute).
+    pub full: bool,
     /// Whether the store answers (false while a failure policy is in force).
     pub healthy: bool,
     /// A line on the store's state, e.g. the breaker and failure-mode answers.

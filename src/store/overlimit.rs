@@ -12,23 +12,26 @@
 //! count even when refused, and their releases always reach the store.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
-use super::{
-    Applied, Batch, BoxFuture, CounterKey, CounterOp, Role, Store, StoreError, StoreStatus,
-};
+use super::digest::{Digest, DigestHasher, Digester};
+use super::{Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus};
 use crate::algorithm::{Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
 const SHARDS: usize = 16;
 
+type Refusals = HashMap<Digest, Over, BuildHasherDefault<DigestHasher>>;
+
 /// A store front that remembers which counters are over the limit until when.
 pub struct OverLimitCache {
     inner: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    shards: Box<[Mutex<HashMap<CounterKey, Over>>]>,
-    hasher: RandomState,
+    /// Refusals by the digest of their counter's key: a fixed size per entry, whatever the
+    /// descriptor values.
+    shards: Box<[Mutex<Refusals>]>,
+    digester: Digester,
     max_per_shard: usize,
 }
 
@@ -64,40 +67,36 @@ impl OverLimitCache {
             inner,
             clock,
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            digester: Digester::new(),
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
         }
     }
 
-    fn shard(&self, key: &CounterKey) -> &Mutex<HashMap<CounterKey, Over>> {
-        &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
+    fn shard(&self, key: &Digest) -> &Mutex<Refusals> {
+        &self.shards[(key.0[1] as usize) % SHARDS]
     }
 
     /// Until when `op` is known to be over the limit, if it is now.
     fn over_until(&self, op: &CounterOp, now: Micros) -> Option<Micros> {
-        let shard = self
-            .shard(&op.key)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let key = self.digester.digest(&op.key);
+        let shard = self.shard(&key).lock().unwrap_or_else(|p| p.into_inner());
         shard
-            .get(&op.key)
+            .get(&key)
             .filter(|over| over.covers(op, now))
             .map(|over| over.until)
     }
 
     fn remember(&self, op: &CounterOp, until: Micros, now: Micros) {
-        let mut shard = self
-            .shard(&op.key)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if shard.len() >= self.max_per_shard && !shard.contains_key(&op.key) {
+        let key = self.digester.digest(&op.key);
+        let mut shard = self.shard(&key).lock().unwrap_or_else(|p| p.into_inner());
+        if shard.len() >= self.max_per_shard && !shard.contains_key(&key) {
             shard.retain(|_, over| over.until > now);
             if shard.len() >= self.max_per_shard {
                 return; // full of live entries: the store still answers correctly
             }
         }
         shard.insert(
-            op.key.clone(),
+            key,
             Over {
                 until,
                 hits: op.hits,
@@ -107,11 +106,12 @@ impl OverLimitCache {
         );
     }
 
-    fn forget(&self, key: &CounterKey) {
-        self.shard(key)
+    fn forget(&self, op: &CounterOp) {
+        let key = self.digester.digest(&op.key);
+        self.shard(&key)
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+            .remove(&key);
     }
 
     async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
@@ -164,7 +164,7 @@ impl OverLimitCache {
         if !applied.degraded {
             for (op, decision) in batch.ops.iter().zip(&applied.decisions) {
                 if op.hits < 0 {
-                    self.forget(&op.key);
+                    self.forget(op);
                 } else if cacheable(op)
                     && !decision.allowed
                     && let Some(retry) = decision.retry_after

@@ -206,3 +206,71 @@ fn a_lost_release_frees_its_slot_after_the_safety_ttl() {
     clock.advance(61 * SECOND);
     assert!(apply(&store, vec![acquire]).admitted);
 }
+
+const PER_HOUR_10: Limit = Limit {
+    requests: 10,
+    window: 3600 * SECOND,
+    algorithm: Algorithm::FixedWindow,
+    burst: 10,
+};
+
+#[test]
+fn a_flood_of_one_hit_keys_cannot_reset_counters_in_use() {
+    // Real users limited to 10 a minute; a flood of random keys on an hourly rule (the
+    // expiry-first eviction this replaced evicted the minute counters first).
+    let (store, _) = store(10_000);
+    let user = |u: usize| CounterOp {
+        key: CounterKey::new("d", [("user", format!("u{u}").as_str())], &PER_MINUTE_2),
+        limit: Limit {
+            requests: 10,
+            ..PER_MINUTE_2
+        },
+        hits: 1,
+        role: Role::Enforce,
+        failure_mode: FailureMode::Allow,
+    };
+    let flood = |i: u64| CounterOp {
+        key: CounterKey::new("d", [("ip", format!("flood-{i}").as_str())], &PER_HOUR_10),
+        limit: PER_HOUR_10,
+        hits: 1,
+        role: Role::Enforce,
+        failure_mode: FailureMode::Allow,
+    };
+    let mut admitted = [0u32; 10];
+    let mut next = 0;
+    for round in 0..40 {
+        for (u, count) in admitted.iter_mut().enumerate() {
+            // Two at first (a real client's page load), then one per round.
+            for _ in 0..if round == 0 { 2 } else { 1 } {
+                *count += u32::from(apply(&store, vec![user(u)]).admitted);
+            }
+        }
+        for _ in 0..5_000 {
+            apply(&store, vec![flood(next)]);
+            next += 1;
+        }
+    }
+    assert!(store.status().evicted_keys > 150_000);
+    assert!(store.status().full);
+    assert_eq!(admitted, [10; 10], "no user got past its limit");
+}
+
+#[test]
+fn memory_is_bounded_in_bytes_whatever_the_values() {
+    let max_keys = 2_000;
+    let (store, _) = store(max_keys);
+    let huge = "v".repeat(8 * 1024);
+    for i in 0..2 * max_keys {
+        let key = CounterKey::new("d", [("k", format!("{i}{huge}").as_str())], &PER_MINUTE_2);
+        let op = CounterOp { key, ..op("x", 1) };
+        apply(&store, vec![op]);
+    }
+    let status = store.status();
+    let bytes = status.bytes.unwrap();
+    // The README's bound: MAX_BYTES_PER_COUNTER per counter of the cap. 4,000 values of
+    // 8 KiB went through (32 MiB); the store holds a few hundred kilobytes.
+    assert!(
+        bytes <= MAX_BYTES_PER_COUNTER * max_keys,
+        "{bytes} bytes for {max_keys} counters"
+    );
+}

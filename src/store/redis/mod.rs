@@ -461,6 +461,8 @@ impl Store for RedisStore {
             tracked_keys: None,
             max_keys: None,
             evicted_keys: 0,
+            bytes: None,
+            full: false,
             healthy: true,
             detail: None,
             failure_mode_answers: [0; 3],
