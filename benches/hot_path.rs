@@ -96,6 +96,7 @@ fn memory_store(c: &mut Criterion) {
                     failure_mode: FailureMode::Allow,
                 }],
                 always_admit: false,
+                deadline: None,
             })
             .collect();
         // Pre-populate so the map holds `keys` counters.
@@ -109,6 +110,7 @@ fn memory_store(c: &mut Criterion) {
                     failure_mode: FailureMode::Allow,
                 }],
                 always_admit: false,
+                deadline: None,
             };
             runtime.block_on(store.apply(&batch)).unwrap();
         }
@@ -202,6 +204,7 @@ fn memory_store_algorithms(c: &mut Criterion) {
                 failure_mode: FailureMode::Allow,
             }],
             always_admit: false,
+            deadline: None,
         };
         group.bench_function(algorithm.as_str(), |b| {
             b.iter(|| runtime.block_on(store.apply(black_box(&batch))).unwrap())

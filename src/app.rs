@@ -112,25 +112,26 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
                 .redis
                 .as_ref()
                 .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
-            // A script call outlives no request's deadline: past it, nobody waits for it.
+            // A script call may outlive its requests' deadline: its answers still count (see
+            // `Resilient`), up to the background limit.
             let redis = RedisStore::new(&RedisOptions {
-                call_timeout: settings.resilience.deadline,
+                call_timeout: settings.resilience.background_limit(),
                 ..options.clone()
             })
             .map_err(AppError::Serve)?;
             tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-            let resilient: Arc<dyn Store> = Arc::new(Resilient::new(
+            let resilient = Arc::new(Resilient::new(
                 Arc::new(redis),
                 settings.resilience,
                 clock.clone(),
             ));
             if settings.local_cache_keys > 0 {
-                Arc::new(OverLimitCache::new(
-                    resilient,
-                    settings.local_cache_keys,
-                    clock,
-                ))
+                let cache =
+                    OverLimitCache::new(resilient.clone(), settings.local_cache_keys, clock);
+                // Answers that arrive after their deadline still teach the cache.
+                resilient.on_late_answers(cache.late_answers());
+                Arc::new(cache)
             } else {
                 resilient
             }

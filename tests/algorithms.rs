@@ -227,6 +227,7 @@ impl<S: Store> Decider for WithClock<S> {
         let batch = Batch {
             ops: vec![op],
             always_admit: false,
+            deadline: None,
         };
         self.store.apply(&batch).await.unwrap().decisions[0]
     }
@@ -404,6 +405,7 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
                     })
                     .collect(),
                 always_admit: rng.below(10) == 0,
+                deadline: None,
             })
             .collect();
         let from_redis = join_all(batches.iter().map(|b| redis_store.apply(b)).collect()).await;

@@ -24,6 +24,10 @@ const LOCAL: &str = "domain: local\ndescriptors:\n  - key: k\n    failure_mode: 
 const DEADLINE: Duration = Duration::from_millis(100);
 
 async fn server(redis: &RedisServer) -> TestServer {
+    server_with_deadline(redis, DEADLINE).await
+}
+
+async fn server_with_deadline(redis: &RedisServer, deadline: Duration) -> TestServer {
     let mut settings = Settings::for_tests(config_dir(
         "failure",
         &[
@@ -39,7 +43,7 @@ async fn server(redis: &RedisServer) -> TestServer {
         ..RedisOptions::new(redis.url(), RedisKind::Single)
     });
     settings.resilience = ResilienceOptions {
-        deadline: DEADLINE,
+        deadline,
         breaker_failures: 3,
         breaker_cooldown: Duration::from_millis(100),
         // `local` counts a third of each limit: three instances share it.
@@ -165,9 +169,11 @@ async fn a_restarted_empty_redis_is_used_again_without_errors() {
     }
     redis.restart();
     wait_until_counting(&server, &mut client).await;
-    // An empty server: the script is loaded again and counters start from zero.
+    // An empty server: the script is loaded again and counters start from zero. (The
+    // requests admitted while it was down may reach it when it is back, and count: they
+    // were admitted.)
     assert_eq!(
-        ask(&mut client, "open", "a").await.statuses[0].limit_remaining,
+        ask(&mut client, "open", "after").await.statuses[0].limit_remaining,
         1
     );
 }
@@ -187,28 +193,71 @@ async fn answers(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_probe_abandoned_by_its_caller_does_not_keep_the_breaker_open() {
+async fn a_caller_deadline_shorter_than_the_stores_is_answered_by_the_failure_policy_in_time() {
     let redis = RedisServer::start();
-    let server = server(&redis).await;
+    let server = server_with_deadline(&redis, Duration::from_secs(2)).await;
     let mut client = server.client().await;
     assert!(ok(&ask(&mut client, "open", "a").await));
 
     redis.pause();
-    // Three calls past the deadline open the breaker.
+    // The caller waits 200 ms, less than the 2 s store deadline: it gets the failure
+    // policy's answer before it gives up, not a timeout of its own (which Envoy would treat
+    // as an error, whatever the rule's failure_mode).
+    for domain in ["open", "closed"] {
+        let mut short = tonic::Request::new(request(domain, vec![descriptor(&[("k", "a")])]));
+        short.set_timeout(Duration::from_millis(200));
+        let answer = client
+            .should_rate_limit(short)
+            .await
+            .expect("answered before the caller's deadline")
+            .into_inner();
+        assert_eq!(ok(&answer), domain == "open", "{domain}");
+    }
+    redis.resume();
+    wait_until_counting(&server, &mut client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_the_breaker_is_open_no_request_waits_and_a_background_probe_closes_it() {
+    // A long deadline, so that a request that waits for Redis cannot pass for one that
+    // does not.
+    let deadline = Duration::from_secs(1);
+    let redis = RedisServer::start();
+    let server = server_with_deadline(&redis, deadline).await;
+    let mut client = server.client().await;
+    assert!(ok(&ask(&mut client, "open", "a").await));
+
+    redis.pause();
     for _ in 0..3 {
-        assert!(ok(&ask(&mut client, "open", "a").await));
+        should_rate_limit(
+            &mut client,
+            request("open", vec![descriptor(&[("k", "a")])]),
+        )
+        .await;
     }
     let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
     assert!(page.contains("circuit breaker open"), "{page}");
-    // After the cooldown the next call probes Redis; its caller gives up first (as Envoy
-    // does at its own timeout), so the probe never records a verdict.
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let mut abandoned = tonic::Request::new(request("open", vec![descriptor(&[("k", "a")])]));
-    abandoned.set_timeout(DEADLINE / 5);
-    assert!(client.should_rate_limit(abandoned).await.is_err());
-
+    // Over several cooldowns (100 ms each), no request waits for Redis: one that did (a
+    // probe, as before) would take the whole 1 s deadline.
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while started.elapsed() < Duration::from_millis(600) {
+        let one = Instant::now();
+        let answer = should_rate_limit(
+            &mut client,
+            request("open", vec![descriptor(&[("k", "b")])]),
+        )
+        .await;
+        assert!(ok(&answer));
+        slowest = slowest.max(one.elapsed());
+    }
+    assert!(slowest < deadline / 2, "a request waited {slowest:?}");
     redis.resume();
-    wait_until_counting(&server, &mut client).await;
+    let took = wait_until_counting(&server, &mut client).await;
+    assert!(
+        took < Duration::from_secs(2),
+        "counting resumed after {took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

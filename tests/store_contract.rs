@@ -47,6 +47,7 @@ async fn apply(store: &dyn Store, ops: Vec<CounterOp>) -> Applied {
         .apply(&Batch {
             ops,
             always_admit: false,
+            deadline: None,
         })
         .await
         .unwrap()
@@ -222,6 +223,7 @@ async fn always_admit_charges_what_fits(store: &dyn Store) {
                 op(&ns, "a", 5, 1, Role::Enforce),
             ],
             always_admit: true,
+            deadline: None,
         })
         .await
         .unwrap();
@@ -329,6 +331,7 @@ async fn redis_reloads_its_script_after_a_restart() {
             .apply(&Batch {
                 ops: vec![op(&ns, "a", 5, 1, Role::Enforce)],
                 always_admit: false,
+                deadline: None,
             })
             .await
         {

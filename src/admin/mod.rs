@@ -64,7 +64,7 @@ async fn json_check(State(state): State<AdminState>, body: Bytes) -> Response {
         Ok(request) => request,
         Err(e) => return bad_request(format!("invalid RateLimitRequest JSON: {e}")),
     };
-    match state.rls.answer_counted("json", request).await {
+    match state.rls.answer_counted("json", request, None).await {
         Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

@@ -130,6 +130,17 @@ impl Limiter {
 
     /// Answers one request.
     pub async fn check(&self, request: &Request) -> Result<Response, LimitError> {
+        self.check_until(request, None).await
+    }
+
+    /// Answers one request whose caller stops waiting at `deadline` (its gRPC deadline): a
+    /// shared store then gets no longer than that, less a margin, before the failure policy
+    /// answers.
+    pub async fn check_until(
+        &self,
+        request: &Request,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Response, LimitError> {
         validate(request, &self.options)?;
         let policy = self.policy();
         let domain = policy.domain(&request.domain);
@@ -141,6 +152,7 @@ impl Limiter {
         let mut batch = Batch {
             ops: Vec::with_capacity(plans.len()),
             always_admit: self.options.shadow_mode,
+            deadline,
         };
         // Under the global QUOTA_MODE a descriptor without a limit is a quota descriptor that
         // is never over, so "every quota descriptor is over" cannot happen (the reference

@@ -54,14 +54,16 @@ impl RlsService {
         self
     }
 
-    /// Answers a request arriving by `method` (`ShouldRateLimit`, `json`), counting it.
+    /// Answers a request arriving by `method` (`ShouldRateLimit`, `json`), counting it; its
+    /// caller stops waiting at `deadline`, if it said.
     pub async fn answer_counted(
         &self,
         method: &str,
         request: RateLimitRequest,
+        deadline: Option<std::time::Instant>,
     ) -> Result<RateLimitResponse, Status> {
         let started = std::time::Instant::now();
-        let result = self.answer(request).await;
+        let result = self.answer(request, deadline).await;
         if let Some(metrics) = &self.metrics {
             let code = match &result {
                 Ok(r) if r.overall_code == 2 => "OVER_LIMIT",
@@ -69,6 +71,7 @@ impl RlsService {
                 Err(status) => {
                     metrics.error(match status.code() {
                         tonic::Code::InvalidArgument => "invalid_request",
+                        tonic::Code::ResourceExhausted => "request_too_large",
                         tonic::Code::Unavailable => "store_unavailable",
                         _ => "internal",
                     });
@@ -86,14 +89,18 @@ impl RlsService {
     }
 
     /// Answers a decoded request; shared with the `/json` endpoint.
-    pub async fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    pub async fn answer(
+        &self,
+        request: RateLimitRequest,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<RateLimitResponse, Status> {
         let summary = self
             .options
             .dynamic_metadata
             .then(|| metadata::RequestSummary::of(&request));
         let request = convert::request_from_proto(request).map_err(Status::invalid_argument)?;
         // A panic while answering one request is a bug; it must cost that request only.
-        let check = std::pin::pin!(self.limiter.check(&request));
+        let check = std::pin::pin!(self.limiter.check_until(&request, deadline));
         let response = CatchUnwind::new(check)
             .await
             .map_err(|panic| {
@@ -125,10 +132,33 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.answer_counted("ShouldRateLimit", request.into_inner())
+        let deadline = grpc_timeout(request.metadata()).map(|t| std::time::Instant::now() + t);
+        self.answer_counted("ShouldRateLimit", request.into_inner(), deadline)
             .await
             .map(Response::new)
     }
+}
+
+/// The caller's deadline from its `grpc-timeout` header (Envoy sends its filter's `timeout`,
+/// 20 ms by default): at most 8 digits and a unit, per the gRPC HTTP/2 protocol; anything
+/// else is ignored.
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    use std::time::Duration;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -256,3 +256,25 @@ descriptors:
     assert!(merged.fields.contains_key("extra"));
     assert!(!merged.fields.contains_key("never"));
 }
+
+#[test]
+fn the_callers_grpc_timeout_is_read_and_nonsense_ignored() {
+    use std::time::Duration;
+    let timeout = |value: &str| {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert("grpc-timeout", value.parse().unwrap());
+        super::grpc_timeout(&metadata)
+    };
+    assert_eq!(timeout("20m"), Some(Duration::from_millis(20)));
+    assert_eq!(timeout("1S"), Some(Duration::from_secs(1)));
+    assert_eq!(timeout("250000u"), Some(Duration::from_micros(250_000)));
+    assert_eq!(timeout("2H"), Some(Duration::from_secs(7200)));
+    assert_eq!(timeout("123456789m"), None, "more than 8 digits");
+    assert_eq!(timeout("20x"), None);
+    assert_eq!(timeout("m"), None);
+    assert_eq!(timeout("-5m"), None);
+    assert_eq!(
+        super::grpc_timeout(&tonic::metadata::MetadataMap::new()),
+        None
+    );
+}

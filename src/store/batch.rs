@@ -59,6 +59,9 @@ pub struct Batch {
     pub ops: Vec<CounterOp>,
     /// Admit whatever the decisions (global shadow mode answers OK, so it charges).
     pub always_admit: bool,
+    /// When the caller stops waiting (its gRPC deadline), if it said: a shared store's answer
+    /// after that is worth nothing to it, so the failure policy answers before.
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// The result of applying a batch.

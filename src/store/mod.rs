@@ -37,6 +37,11 @@ pub trait Store: Send + Sync + 'static {
     /// A snapshot for `/rlconfig`, logs and metrics.
     fn status(&self) -> StoreStatus;
 
+    /// Checks that the store answers, without counting anything (the circuit breaker's probe).
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Prepares what the first requests would otherwise wait for (connections, scripts), so
     /// that they are not answered by the failure policy for a cold start. Failing to warm up
     /// is not an error: the store is then used as it comes back.

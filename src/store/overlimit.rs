@@ -16,21 +16,27 @@ use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
 use super::digest::{Digest, DigestHasher, Digester};
+use super::resilient::LateAnswers;
 use super::{Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus};
 use crate::algorithm::{Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
 const SHARDS: usize = 16;
 
-type Refusals = HashMap<Digest, Over, BuildHasherDefault<DigestHasher>>;
+type Shard = HashMap<Digest, Over, BuildHasherDefault<DigestHasher>>;
 
 /// A store front that remembers which counters are over the limit until when.
 pub struct OverLimitCache {
     inner: Arc<dyn Store>,
+    refusals: Arc<Refusals>,
+}
+
+/// The refusals remembered, shared with the sink of late answers.
+struct Refusals {
     clock: Arc<dyn Clock>,
     /// Refusals by the digest of their counter's key: a fixed size per entry, whatever the
     /// descriptor values.
-    shards: Box<[Mutex<Refusals>]>,
+    shards: Box<[Mutex<Shard>]>,
     digester: Digester,
     max_per_shard: usize,
 }
@@ -65,14 +71,104 @@ impl OverLimitCache {
     pub fn new(inner: Arc<dyn Store>, max_keys: usize, clock: Arc<dyn Clock>) -> Self {
         Self {
             inner,
-            clock,
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            digester: Digester::new(),
-            max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            refusals: Arc::new(Refusals {
+                clock,
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                digester: Digester::new(),
+                max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            }),
         }
     }
 
-    fn shard(&self, key: &Digest) -> &Mutex<Refusals> {
+    /// The sink for answers that arrived after their caller was answered by the failure
+    /// policy (see [`super::Resilient::on_late_answers`]): their refusals are remembered too.
+    pub fn late_answers(&self) -> Arc<dyn LateAnswers> {
+        self.refusals.clone()
+    }
+
+    async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
+        let refusals = &self.refusals;
+        let now = refusals.clock.now();
+        // A request with an enforced counter known to be over is rejected; rejected
+        // requests charge nothing, so the store need not be asked at all.
+        let cached = if batch.always_admit || batch.ops.iter().any(|op| op.hits < 0) {
+            None // global shadow mode admits anyway; refunds must reach the store
+        } else {
+            batch.ops.iter().find_map(|op| {
+                cacheable(op)
+                    .then(|| refusals.over_until(op, now))
+                    .flatten()
+                    .map(|until| (&op.key, until))
+            })
+        };
+        if let Some((over_key, until)) = cached {
+            let decisions = batch
+                .ops
+                .iter()
+                .map(|op| {
+                    let reset_after = op.limit.window_left(now);
+                    if op.key == *over_key {
+                        Decision {
+                            allowed: false,
+                            remaining: 0,
+                            reset_after: reset_after.max(until - now),
+                            retry_after: Some(until - now),
+                        }
+                    } else {
+                        // Not asked: what the store would say is unknown; nothing is charged.
+                        Decision {
+                            allowed: true,
+                            remaining: op.limit.requests,
+                            reset_after,
+                            retry_after: None,
+                        }
+                    }
+                })
+                .collect();
+            return Ok(Applied {
+                decisions,
+                admitted: false,
+                degraded: false,
+                from_cache: true,
+            });
+        }
+
+        let applied = self.inner.apply(batch).await?;
+        if !applied.degraded {
+            refusals.learn(batch, &applied, now);
+        }
+        Ok(applied)
+    }
+}
+
+impl LateAnswers for Refusals {
+    fn answered(&self, batch: &Batch, applied: &Applied, asked_at: Micros) {
+        // The store decided between `asked_at` and now: counting from `asked_at` never
+        // remembers a refusal longer than it lasts.
+        if !applied.degraded {
+            self.learn(batch, applied, asked_at);
+        }
+    }
+}
+
+// === impl Refusals ===
+
+impl Refusals {
+    /// Remembers the refusals and forgets the refunded keys of a store answer given at `now`.
+    fn learn(&self, batch: &Batch, applied: &Applied, now: Micros) {
+        for (op, decision) in batch.ops.iter().zip(&applied.decisions) {
+            if op.hits < 0 {
+                self.forget(op);
+            } else if cacheable(op)
+                && !decision.allowed
+                && let Some(retry) = decision.retry_after
+            {
+                self.remember(op, now + retry, now);
+            }
+        }
+    }
+
+    fn shard(&self, key: &Digest) -> &Mutex<Shard> {
         &self.shards[(key.0[1] as usize) % SHARDS]
     }
 
@@ -113,68 +209,6 @@ impl OverLimitCache {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key);
     }
-
-    async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
-        let now = self.clock.now();
-        // A request with an enforced counter known to be over is rejected; rejected
-        // requests charge nothing, so the store need not be asked at all.
-        let cached = if batch.always_admit || batch.ops.iter().any(|op| op.hits < 0) {
-            None // global shadow mode admits anyway; refunds must reach the store
-        } else {
-            batch.ops.iter().find_map(|op| {
-                cacheable(op)
-                    .then(|| self.over_until(op, now))
-                    .flatten()
-                    .map(|until| (&op.key, until))
-            })
-        };
-        if let Some((over_key, until)) = cached {
-            let decisions = batch
-                .ops
-                .iter()
-                .map(|op| {
-                    let reset_after = op.limit.window_left(now);
-                    if op.key == *over_key {
-                        Decision {
-                            allowed: false,
-                            remaining: 0,
-                            reset_after: reset_after.max(until - now),
-                            retry_after: Some(until - now),
-                        }
-                    } else {
-                        // Not asked: what the store would say is unknown; nothing is charged.
-                        Decision {
-                            allowed: true,
-                            remaining: op.limit.requests,
-                            reset_after,
-                            retry_after: None,
-                        }
-                    }
-                })
-                .collect();
-            return Ok(Applied {
-                decisions,
-                admitted: false,
-                degraded: false,
-                from_cache: true,
-            });
-        }
-
-        let applied = self.inner.apply(batch).await?;
-        if !applied.degraded {
-            for (op, decision) in batch.ops.iter().zip(&applied.decisions) {
-                if op.hits < 0 {
-                    self.forget(op);
-                } else if cacheable(op)
-                    && !decision.allowed
-                    && let Some(retry) = decision.retry_after
-                {
-                    self.remember(op, now + retry, now);
-                }
-            }
-        }
-        Ok(applied)
-    }
 }
 
 impl Store for OverLimitCache {
@@ -184,6 +218,10 @@ impl Store for OverLimitCache {
 
     fn warm_up(&self) -> BoxFuture<'_, ()> {
         self.inner.warm_up()
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.probe()
     }
 
     fn status(&self) -> StoreStatus {

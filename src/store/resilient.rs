@@ -3,19 +3,28 @@
 //! `allow` (fail open), `deny` (fail closed) or `local` (count in this instance's memory
 //! with the limit divided by the number of instances).
 //!
-//! The breaker opens after `breaker_failures` consecutive failures; while open, calls fail
-//! at once. After `breaker_cooldown` one call probes the store; its success closes the
-//! breaker, so service resumes within a cooldown of the store's return.
+//! The breaker opens after `breaker_failures` consecutive failures; while open, requests are
+//! answered at once, and a background task probes the store every `breaker_cooldown` (a call
+//! no request waits for); its success closes the breaker, so service resumes within a
+//! cooldown of the store's return.
+//!
+//! A slow store is not a dead one, and overload is when limits matter most. A call that
+//! misses its deadline is not abandoned: it runs to its end in the background (within
+//! `background_limit`), and its answers reach the [`LateAnswers`] sink (the over-limit
+//! cache), so a key that went over while answers were late is refused locally from then on.
+//! While the breaker is open, requests the failure policy admits are still sent to the store
+//! in the background (at most `max_background` at once), so they are counted, and their
+//! refusals learnt, even though nobody waits for them.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{
     Applied, Batch, BoxFuture, CounterOp, FailureMode, MemoryStore, Store, StoreError, StoreStatus,
     admitted,
 };
-use crate::algorithm::{Decision, Limit, SECOND};
+use crate::algorithm::{Decision, Limit, Micros, SECOND};
 use crate::clock::Clock;
 use crate::store::memory::MemoryOptions;
 
@@ -26,7 +35,7 @@ pub struct ResilienceOptions {
     pub deadline: Duration,
     /// Consecutive failures that open the breaker.
     pub breaker_failures: u32,
-    /// How long the open breaker waits before a probe.
+    /// How long the open breaker waits between probes.
     pub breaker_cooldown: Duration,
     /// Instances sharing the limits; `local` divides each limit by it.
     pub local_instances: u64,
@@ -43,15 +52,49 @@ impl Default for ResilienceOptions {
     }
 }
 
+impl ResilienceOptions {
+    /// How long a call that missed its deadline may still run in the background.
+    pub fn background_limit(&self) -> Duration {
+        (self.deadline * 20).max(Duration::from_secs(1))
+    }
+}
+
+/// Store calls running in the background at most (late ones, and those of requests the open
+/// breaker answered): beyond it, a request answered by the failure policy is not counted.
+const MAX_BACKGROUND: usize = 1024;
+/// The share of the caller's remaining time kept to answer it (encode and send), at least
+/// [`MIN_CALLER_MARGIN`].
+const CALLER_MARGIN_DIVISOR: u32 = 10;
+const MIN_CALLER_MARGIN: Duration = Duration::from_millis(1);
+/// Store failures are logged at most this often.
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Where the store's answers go that no request waited for.
+pub trait LateAnswers: Send + Sync {
+    /// `batch`, sent at `asked_at`, got `applied` from the store after its caller was
+    /// answered by the failure policy.
+    fn answered(&self, batch: &Batch, applied: &Applied, asked_at: Micros);
+}
+
 /// A store wrapped in the failure policy.
 pub struct Resilient {
-    primary: Arc<dyn Store>,
+    shared: Arc<Shared>,
     options: ResilienceOptions,
-    breaker: Breaker,
     local: MemoryStore,
-    clock: Arc<dyn Clock>,
     /// Requests answered by the failure policy, by mode: allow, deny, local.
     degraded: [AtomicU64; 3],
+}
+
+/// What background calls and the prober share with the requests.
+struct Shared {
+    primary: Arc<dyn Store>,
+    breaker: Breaker,
+    clock: Arc<dyn Clock>,
+    late: OnceLock<Arc<dyn LateAnswers>>,
+    background: AtomicUsize,
+    background_limit: Duration,
+    probe_deadline: Duration,
+    failures_logged: Every,
 }
 
 impl Resilient {
@@ -59,47 +102,78 @@ impl Resilient {
     /// fallback store.
     pub fn new(primary: Arc<dyn Store>, options: ResilienceOptions, clock: Arc<dyn Clock>) -> Self {
         Self {
-            primary,
+            shared: Arc::new(Shared {
+                primary,
+                breaker: Breaker::new(options.breaker_failures, options.breaker_cooldown),
+                clock: clock.clone(),
+                late: OnceLock::new(),
+                background: AtomicUsize::new(0),
+                background_limit: options.background_limit(),
+                probe_deadline: options.deadline,
+                failures_logged: Every::new(LOG_INTERVAL),
+            }),
             options,
-            breaker: Breaker::new(options.breaker_failures, options.breaker_cooldown),
-            local: MemoryStore::new(MemoryOptions::default(), clock.clone()),
-            clock,
+            local: MemoryStore::new(MemoryOptions::default(), clock),
             degraded: Default::default(),
         }
     }
 
+    /// Sends the answers that arrive after their caller gave up to `sink`.
+    pub fn on_late_answers(&self, sink: Arc<dyn LateAnswers>) {
+        let _ = self.shared.late.set(sink);
+    }
+
+    /// The deadline of a call for `batch`: the configured one, or less when the caller
+    /// stops waiting sooner.
+    fn deadline_of(&self, batch: &Batch) -> Duration {
+        match batch.deadline {
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                let margin = (left / CALLER_MARGIN_DIVISOR).max(MIN_CALLER_MARGIN);
+                left.saturating_sub(margin).min(self.options.deadline)
+            }
+            None => self.options.deadline,
+        }
+    }
+
     async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
-        // Held across the call: a probe whose caller gives up (Envoy's timeout, a reset)
-        // lets the next call probe instead of leaving the breaker open for good.
-        let Some(_permit) = self.breaker.permit() else {
-            return self.fallback(batch).await;
-        };
-        let error = {
-            match tokio::time::timeout(self.options.deadline, self.primary.apply(batch)).await {
-                Ok(Ok(applied)) => {
-                    self.breaker.succeeded();
-                    return Ok(applied);
-                }
-                // Every failure to run the call is answered by the failure policy, whatever
-                // its cause (unreachable, out of memory, MISCONF, BUSY, a refused login, an
-                // answer that makes no sense): the rule's `failure_mode` is what the operator
-                // chose for the time the store cannot decide.
-                Ok(Err(e)) => e,
-                Err(_) => StoreError::Unavailable(format!(
+        let shared = &self.shared;
+        if shared.breaker.is_open() {
+            let applied = self.fallback(batch).await?;
+            if applied.admitted {
+                Shared::in_background(shared, batch);
+            }
+            return Ok(applied);
+        }
+        let asked_at = shared.clock.now();
+        // The call owns its batch, so that it can go on after the deadline.
+        let owned = Arc::new(batch.clone());
+        let mut call = Box::pin(Shared::call(shared.clone(), owned.clone()));
+        let error = match tokio::time::timeout(self.deadline_of(batch), &mut call).await {
+            Ok(Ok(applied)) => {
+                shared.breaker.succeeded();
+                return Ok(applied);
+            }
+            // Every failure to run the call is answered by the failure policy, whatever its
+            // cause (unreachable, out of memory, MISCONF, BUSY, a refused login, an answer
+            // that makes no sense): the rule's `failure_mode` is what the operator chose for
+            // the time the store cannot decide.
+            Ok(Err(e)) => e,
+            Err(_) => {
+                Shared::finish_late(shared, call, owned, asked_at);
+                StoreError::Unavailable(format!(
                     "no answer within the {:?} deadline",
-                    self.options.deadline
-                )),
+                    self.deadline_of(batch).max(Duration::from_micros(1))
+                ))
             }
         };
-        if self.breaker.failed() {
-            tracing::warn!(error = %error, "store failing: circuit breaker open, answering by failure_mode");
-        }
+        Shared::failed(shared, &error);
         self.fallback(batch).await
     }
 
     /// Answers by each operation's failure mode.
     async fn fallback(&self, batch: &Batch) -> Result<Applied, StoreError> {
-        let now = self.clock.now();
+        let now = self.shared.clock.now();
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
         let mut local_ops = Vec::new();
         let mut local_index = Vec::new();
@@ -149,6 +223,7 @@ impl Resilient {
             let local_batch = Batch {
                 ops: local_ops,
                 always_admit: batch.always_admit,
+                deadline: None,
             };
             let applied = self.local.apply(&local_batch).await?;
             for (i, d) in local_index.into_iter().zip(applied.decisions) {
@@ -171,15 +246,20 @@ impl Store for Resilient {
     }
 
     fn warm_up(&self) -> BoxFuture<'_, ()> {
-        self.primary.warm_up()
+        self.shared.primary.warm_up()
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.shared.primary.probe()
     }
 
     fn status(&self) -> StoreStatus {
-        let mut status = self.primary.status();
+        let mut status = self.shared.primary.status();
         let [allow, deny, local] = &self.degraded;
+        let open = self.shared.breaker.is_open();
         status.detail = Some(format!(
             "{}; answered by failure_mode: {} allow, {} deny, {} local",
-            if self.breaker.is_open() {
+            if open {
                 "failing (circuit breaker open)"
             } else {
                 "ok"
@@ -188,7 +268,7 @@ impl Store for Resilient {
             deny.load(Ordering::Relaxed),
             local.load(Ordering::Relaxed),
         ));
-        status.healthy = !self.breaker.is_open();
+        status.healthy = !open;
         status.failure_mode_answers = [
             allow.load(Ordering::Relaxed),
             deny.load(Ordering::Relaxed),
@@ -198,31 +278,123 @@ impl Store for Resilient {
     }
 }
 
-/// A call's leave from the breaker. Dropping a probe's permit ends the probe: if the call
-/// recorded no verdict (its future was dropped), the next call probes again.
-struct Permit<'a> {
-    breaker: &'a Breaker,
-    probe: bool,
+// === impl Shared ===
+
+impl Shared {
+    /// One call to the primary store, owning what it needs so that it may outlive its caller.
+    async fn call(self: Arc<Self>, batch: Arc<Batch>) -> Result<Applied, StoreError> {
+        self.primary.apply(&batch).await
+    }
+
+    /// Lets a call that missed its deadline finish, and hands its answer to the late sink.
+    fn finish_late(
+        shared: &Arc<Self>,
+        call: std::pin::Pin<
+            Box<impl Future<Output = Result<Applied, StoreError>> + Send + 'static>,
+        >,
+        batch: Arc<Batch>,
+        asked_at: Micros,
+    ) {
+        if shared.background.fetch_add(1, Ordering::AcqRel) >= MAX_BACKGROUND {
+            shared.background.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            if let Ok(Ok(applied)) = tokio::time::timeout(shared.background_limit, call).await
+                && let Some(late) = shared.late.get()
+            {
+                late.answered(&batch, &applied, asked_at);
+            }
+            shared.background.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    /// Sends a request the failure policy admitted to the store anyway, nobody waiting: its
+    /// hits are counted and a refusal is learnt.
+    fn in_background(shared: &Arc<Self>, batch: &Batch) {
+        if shared.background.load(Ordering::Acquire) >= MAX_BACKGROUND {
+            return;
+        }
+        let asked_at = shared.clock.now();
+        let batch = Arc::new(batch.clone());
+        let call = Box::pin(Shared::call(shared.clone(), batch.clone()));
+        Shared::finish_late(shared, call, batch, asked_at);
+    }
+
+    /// Records a failed call; the call that opens the breaker starts the prober.
+    fn failed(shared: &Arc<Self>, error: &StoreError) {
+        if shared.breaker.failed() {
+            if shared.failures_logged.ready() {
+                tracing::warn!(error = %error, "store failing: circuit breaker open, answering by failure_mode");
+            }
+            Shared::start_prober(shared);
+        }
+    }
+
+    /// Probes the store every cooldown until it answers, then closes the breaker. No request
+    /// waits for a probe.
+    fn start_prober(shared: &Arc<Self>) {
+        if shared.breaker.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(shared.breaker.cooldown).await;
+                match tokio::time::timeout(shared.probe_deadline, shared.primary.probe()).await {
+                    Ok(Ok(())) => {
+                        shared.breaker.probing.store(false, Ordering::Release);
+                        shared.breaker.succeeded();
+                        return;
+                    }
+                    Ok(Err(error)) if shared.failures_logged.ready() => {
+                        tracing::warn!(error = %error, "store still failing");
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
 }
 
-impl Drop for Permit<'_> {
-    fn drop(&mut self) {
-        if self.probe {
-            self.breaker.probing.store(false, Ordering::Release);
+/// A rate limit on log lines: true at most once per interval.
+struct Every {
+    interval: Duration,
+    epoch: Instant,
+    /// Microseconds since `epoch` of the last `true`, plus one (0: never).
+    last: AtomicU64,
+}
+
+impl Every {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            epoch: Instant::now(),
+            last: AtomicU64::new(0),
         }
+    }
+
+    fn ready(&self) -> bool {
+        let now = self.epoch.elapsed().as_micros() as u64 + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        (last == 0 || now - last >= self.interval.as_micros() as u64)
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 }
 
 // === impl Breaker ===
 
-/// Consecutive-failure circuit breaker with a single half-open probe.
+/// Consecutive-failure circuit breaker, closed again by the background prober.
 struct Breaker {
     threshold: u32,
     cooldown: Duration,
-    epoch: Instant,
     failures: AtomicU32,
-    /// Microseconds since `epoch` until which the breaker is open; 0 when closed.
-    open_until: AtomicU64,
+    open: AtomicBool,
+    /// Whether the prober runs.
     probing: AtomicBool,
 }
 
@@ -231,41 +403,19 @@ impl Breaker {
         Self {
             threshold,
             cooldown,
-            epoch: Instant::now(),
             failures: AtomicU32::new(0),
-            open_until: AtomicU64::new(0),
+            open: AtomicBool::new(false),
             probing: AtomicBool::new(false),
         }
     }
 
-    fn now(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64 + 1
-    }
-
     fn is_open(&self) -> bool {
-        self.open_until.load(Ordering::Acquire) != 0
-    }
-
-    /// Leave for a call to go to the store now, if the breaker gives it.
-    fn permit(&self) -> Option<Permit<'_>> {
-        let until = self.open_until.load(Ordering::Acquire);
-        if until == 0 {
-            return Some(Permit {
-                breaker: self,
-                probe: false,
-            });
-        }
-        // Half-open: after the cooldown exactly one call probes the store.
-        (self.now() >= until && !self.probing.swap(true, Ordering::AcqRel)).then_some(Permit {
-            breaker: self,
-            probe: true,
-        })
+        self.open.load(Ordering::Acquire)
     }
 
     fn succeeded(&self) {
         self.failures.store(0, Ordering::Release);
-        self.probing.store(false, Ordering::Release);
-        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+        if self.open.swap(false, Ordering::AcqRel) {
             tracing::info!("store answering again: circuit breaker closed");
         }
     }
@@ -273,14 +423,6 @@ impl Breaker {
     /// Records a failure; true when this failure opened the breaker.
     fn failed(&self) -> bool {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        let was_open = self.is_open();
-        if was_open || failures >= self.threshold {
-            self.open_until.store(
-                self.now() + self.cooldown.as_micros() as u64,
-                Ordering::Release,
-            );
-            self.probing.store(false, Ordering::Release);
-        }
-        !was_open && failures >= self.threshold
+        failures >= self.threshold && !self.open.swap(true, Ordering::AcqRel)
     }
 }

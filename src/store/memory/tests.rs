@@ -32,6 +32,7 @@ fn apply(store: &MemoryStore, ops: Vec<CounterOp>) -> Applied {
     store.apply_now(&Batch {
         ops,
         always_admit: false,
+        deadline: None,
     })
 }
 
@@ -120,6 +121,7 @@ async fn concurrent_requests_never_admit_more_than_the_limit() {
                         failure_mode: FailureMode::Allow,
                     }],
                     always_admit: false,
+                    deadline: None,
                 };
                 admitted += u32::from(store.apply(&batch).await.unwrap().admitted);
             }

@@ -425,6 +425,12 @@ impl Store for RedisStore {
         Box::pin(self.apply_batch(batch))
     }
 
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        // The script with no counters: Redis answers it only when it runs scripts at all
+        // (not paused, not BUSY, not LOADING), and it loads the script if it must.
+        Box::pin(async move { self.shared.invoke(&[]).await.map(|_| ()) })
+    }
+
     fn warm_up(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             // Every connection made and the script loaded: the first requests of a fresh
