@@ -120,7 +120,11 @@ pub fn status_from_error(error: LimitError) -> Status {
     match error {
         LimitError::InvalidRequest(message) => Status::invalid_argument(message),
         LimitError::Store(e) => {
-            tracing::warn!(error = %e, "store failure");
+            static LOGGED: crate::logging::Every =
+                crate::logging::Every::new(std::time::Duration::from_secs(10));
+            if LOGGED.ready() {
+                tracing::warn!(error = %e, "store failure");
+            }
             Status::unavailable(e.to_string())
         }
     }

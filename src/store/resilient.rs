@@ -26,6 +26,7 @@ use super::{
 };
 use crate::algorithm::{Decision, Limit, Micros, SECOND};
 use crate::clock::Clock;
+use crate::logging::Every;
 use crate::store::memory::MemoryOptions;
 
 /// Failure policy settings.
@@ -355,34 +356,6 @@ impl Shared {
                 }
             }
         });
-    }
-}
-
-/// A rate limit on log lines: true at most once per interval.
-struct Every {
-    interval: Duration,
-    epoch: Instant,
-    /// Microseconds since `epoch` of the last `true`, plus one (0: never).
-    last: AtomicU64,
-}
-
-impl Every {
-    fn new(interval: Duration) -> Self {
-        Self {
-            interval,
-            epoch: Instant::now(),
-            last: AtomicU64::new(0),
-        }
-    }
-
-    fn ready(&self) -> bool {
-        let now = self.epoch.elapsed().as_micros() as u64 + 1;
-        let last = self.last.load(Ordering::Relaxed);
-        (last == 0 || now - last >= self.interval.as_micros() as u64)
-            && self
-                .last
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
     }
 }
 

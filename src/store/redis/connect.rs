@@ -264,7 +264,12 @@ impl Slot {
     }
 
     fn failed(&self, error: String) {
-        tracing::warn!(%error, "cannot connect to redis");
+        // Every connection retries while Redis is down: one line every few seconds is enough.
+        static LOGGED: crate::logging::Every =
+            crate::logging::Every::new(std::time::Duration::from_secs(10));
+        if LOGGED.ready() {
+            tracing::warn!(%error, "cannot connect to redis");
+        }
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
     }
 }

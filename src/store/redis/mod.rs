@@ -279,7 +279,11 @@ impl RedisStore {
                 .map(|op| (now - now % op.limit.window) as i64)
                 .collect();
             let ops: Vec<&CounterOp> = refunds.iter().collect();
-            if let Err(e) = self.call(&ops, true, false, Some(&guards)).await {
+            static LOGGED: crate::logging::Every =
+                crate::logging::Every::new(std::time::Duration::from_secs(10));
+            if let Err(e) = self.call(&ops, true, false, Some(&guards)).await
+                && LOGGED.ready()
+            {
                 tracing::warn!(error = %e, "could not refund the hits of a rejected request; they expire with their window");
             }
         }
