@@ -351,7 +351,8 @@ impl Metrics {
             .clone()
     }
 
-    /// The labels of an event's series, capping the detailed ones.
+    /// The labels of an event's series, capping the detailed ones (and the length of the
+    /// runtime values they carry).
     fn labels(&self, event: &LimitEvent<'_>) -> ([String; 4], bool) {
         let Some(rule) = event.rule else {
             // A request override: name it by its keys, never its values.
@@ -382,7 +383,7 @@ impl Metrics {
                     && (rule.detailed_metric
                         || (rule.value_to_metric && (configured.is_none() || wildcard)));
                 match (use_runtime, runtime, configured) {
-                    (true, Some(v), _) if !v.is_empty() => format!("{key}_{v}"),
+                    (true, Some(v), _) if !v.is_empty() => format!("{key}_{}", label_value(v)),
                     (_, _, Some(c)) => format!("{key}_{c}"),
                     _ => key.clone(),
                 }
@@ -509,6 +510,28 @@ impl Metrics {
             }
         }
     }
+}
+
+/// Runtime values longer than this many bytes are shortened in labels.
+const MAX_LABEL_VALUE: usize = 128;
+
+/// A runtime value as a label carries it: as is, or, past [`MAX_LABEL_VALUE`] bytes, its first
+/// 64 bytes, `~` and 16 hex digits of its SHA-256 (still one series per value, and a 1 MB header
+/// value cannot make a 1 MB label; the detailed-series cap bounds how many there are).
+fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.len() <= MAX_LABEL_VALUE {
+        return value.into();
+    }
+    let mut end = 64;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, value.as_bytes());
+    let mut out = format!("{}~", &value[..end]);
+    for byte in &digest.as_ref()[..8] {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out.into()
 }
 
 #[cfg(test)]

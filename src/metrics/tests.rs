@@ -158,3 +158,13 @@ async fn series_of_removed_rules_disappear_after_a_reload() {
     metrics.retain_rules(&policy);
     assert!(!metrics.render(&status()).contains(r#"rule="m.user""#));
 }
+
+#[test]
+fn long_runtime_values_are_shortened_in_labels() {
+    assert_eq!(super::label_value("GET"), "GET");
+    let long = "é".repeat(100); // 200 bytes, two-byte characters
+    let label = super::label_value(&long);
+    assert!(label.len() <= 64 + 1 + 16, "{label}");
+    assert!(label.starts_with(&"é".repeat(32)));
+    assert_ne!(label, super::label_value(&"é".repeat(101)));
+}
