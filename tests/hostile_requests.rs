@@ -404,3 +404,38 @@ async fn a_key_flood_fills_the_store_visibly_and_real_limits_hold() {
         "{bytes}"
     );
 }
+
+/// 64 descriptors on one counter: each sees the ones before it (found by key, not by a
+/// scan), the request is refused as a whole and charges nothing.
+async fn a_request_at_the_bound_on_one_counter_is_decided_whole(server: &TestServer) {
+    let mut client = server.client().await;
+    let same = (0..64).map(|_| descriptor(&[("user", "same")])).collect();
+    let r = should_rate_limit(&mut client, request("hostile", same)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let ok = r
+        .statuses
+        .iter()
+        .filter(|s| s.code == Code::Ok as i32)
+        .count();
+    assert_eq!(ok, 10, "the first 10 fit the limit of 10");
+    let r = should_rate_limit(
+        &mut client,
+        request("hostile", vec![descriptor(&[("user", "same")])]),
+    )
+    .await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 9,
+        "the refused request charged nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_request_at_the_bound_on_one_counter_is_decided_whole_in_memory() {
+    a_request_at_the_bound_on_one_counter_is_decided_whole(&memory_server().await).await;
+}
+
+#[tokio::test]
+async fn a_request_at_the_bound_on_one_counter_is_decided_whole_on_redis() {
+    let redis = RedisServer::start();
+    a_request_at_the_bound_on_one_counter_is_decided_whole(&redis_server(&redis).await).await;
+}
