@@ -300,3 +300,26 @@ async fn redis_refusing_to_run_the_script_is_answered_by_each_failure_mode() {
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_with_tiny_deadlines_cannot_open_the_breaker_for_everyone() {
+    let redis = RedisServer::start();
+    let server = server(&redis).await;
+    let mut client = server.client().await;
+    // A client (anyone who reaches the port) sends requests it gives a microsecond: each
+    // misses its own deadline, and is answered by the failure policy or times out itself.
+    for _ in 0..20 {
+        let mut tiny = tonic::Request::new(request("closed", vec![descriptor(&[("k", "x")])]));
+        // The header alone (the client itself waits): the server sees every request.
+        tiny.metadata_mut()
+            .insert("grpc-timeout", "1u".parse().unwrap());
+        let _ = client.should_rate_limit(tiny).await;
+    }
+    // Redis is fine, so everyone else is still counted by it.
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("# store: redis, ok;"), "{page}");
+    assert_eq!(
+        ask(&mut client, "closed", "other").await.statuses[0].limit_remaining,
+        1
+    );
+}

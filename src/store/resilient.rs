@@ -147,10 +147,11 @@ impl Resilient {
             return Ok(applied);
         }
         let asked_at = shared.clock.now();
+        let deadline = self.deadline_of(batch);
         // The call owns its batch, so that it can go on after the deadline.
         let owned = Arc::new(batch.clone());
         let mut call = Box::pin(Shared::call(shared.clone(), owned.clone()));
-        let error = match tokio::time::timeout(self.deadline_of(batch), &mut call).await {
+        let error = match tokio::time::timeout(deadline, &mut call).await {
             Ok(Ok(applied)) => {
                 shared.breaker.succeeded();
                 return Ok(applied);
@@ -162,10 +163,13 @@ impl Resilient {
             Ok(Err(e)) => e,
             Err(_) => {
                 Shared::finish_late(shared, call, owned, asked_at);
-                StoreError::Unavailable(format!(
-                    "no answer within the {:?} deadline",
-                    self.deadline_of(batch).max(Duration::from_micros(1))
-                ))
+                if deadline < self.options.deadline {
+                    // The caller's own deadline was shorter: that says nothing about the
+                    // store, and a client sending tiny timeouts must not open the breaker
+                    // for everyone.
+                    return self.fallback(batch).await;
+                }
+                StoreError::Unavailable(format!("no answer within the {deadline:?} deadline"))
             }
         };
         Shared::failed(shared, &error);
