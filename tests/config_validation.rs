@@ -113,6 +113,7 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "priorities_with_value.yaml: descriptors[0].priorities: priorities need a key-only descriptor",
     "priorities_without_limit.yaml: descriptors[0].priorities: priorities without rate_limit or rate_limits",
     "bad_failure_mode.yaml: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny or local)",
+    "too_deep.yaml:5:73: nesting deeper than 64 levels",
 ];
 
 /// The fixture an expected line is about.
@@ -369,6 +370,68 @@ fn configmap_symlink_layout_loads_each_file_once() {
     let loaded = config::load_dir(&dir.0, LoadOptions::default()).unwrap();
     assert_eq!(loaded.files, ["basic.yaml"]);
     assert!(loaded.policy.domain("test-domain").is_some());
+}
+
+// === bounds checked before parsing ===
+
+/// Writes `len` bytes of valid YAML (a domain, then comment lines) to `dir/name`.
+fn write_yaml_of_len(dir: &Path, name: &str, len: u64) {
+    let mut text = format!("domain: {}\n", name.trim_end_matches(".yaml"));
+    let line = format!("# {}\n", "x".repeat(97));
+    while (text.len() + line.len()) as u64 <= len {
+        text.push_str(&line);
+    }
+    text.push_str(&"#".repeat(len as usize - text.len()));
+    std::fs::write(dir.join(name), text).unwrap();
+}
+
+#[test]
+fn a_file_over_the_size_bound_is_refused_with_its_size() {
+    let dir = TempDir::new("too-big");
+    write_yaml_of_len(&dir.0, "fits.yaml", config::MAX_FILE_BYTES);
+    write_yaml_of_len(&dir.0, "big.yaml", config::MAX_FILE_BYTES + 1);
+    let errors = config::load_dir(&dir.0, LoadOptions::default()).unwrap_err();
+    let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        ["big.yaml: file is 4194305 bytes, more than the 4194304 a config file may have"]
+    );
+}
+
+#[test]
+fn a_directory_over_the_total_bound_is_refused_as_a_whole() {
+    let dir = TempDir::new("too-big-total");
+    let each = config::MAX_DIR_BYTES / 5 + 1; // five files that fit alone but not together
+    for n in 0..5 {
+        write_yaml_of_len(&dir.0, &format!("part{n}.yaml"), each);
+    }
+    let errors = config::load_dir(&dir.0, LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(
+        errors[0].to_string(),
+        format!(
+            "{}: config files add up to more than the 16777216 bytes a config directory may have",
+            dir.0.display()
+        )
+    );
+}
+
+#[test]
+fn a_deep_file_is_refused_at_the_level_past_the_bound() {
+    // The file of the report: 1 MB nested 40,000 deep, which kept the parser busy for over
+    // a minute. Refused at the 65th level, before parsing.
+    let deep = format!("domain: d\ndescriptors: {}", "[".repeat(40_000));
+    let errors = errors_of_text(&[("deep.yaml", &deep)], LoadOptions::default());
+    let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["deep.yaml:2:77: nesting deeper than 64 levels"]);
+    // Brackets that are text do not count.
+    let text = format!(
+        "domain: d\ndescriptors:\n  - key: k # {}\n    value: '{}'\n",
+        "[".repeat(100),
+        "{".repeat(100)
+    );
+    let sources = [("d.yaml".to_owned(), text)];
+    config::load_sources(&sources, LoadOptions::default()).unwrap();
 }
 
 // === `sluice validate DIR` ===

@@ -2,17 +2,21 @@
 //! into [`raw`] serde structs, then [`compile`] them with every semantic check.
 //!
 //! A load either yields a whole policy or every error found (all files, all rules, not just
-//! the first); nothing is ever half-applied.
+//! the first); nothing is ever half-applied. Before any text reaches the YAML parser, its size
+//! and nesting depth are checked against the bounds in [`limits`].
 
 mod compile;
 mod error;
 mod files;
+mod limits;
+mod nesting;
 pub mod raw;
 
 use std::path::Path;
 
 pub use error::ConfigError;
 pub use files::config_files;
+pub use limits::{MAX_DIR_BYTES, MAX_FILE_BYTES, MAX_NESTING};
 
 use crate::policy::Policy;
 
@@ -34,19 +38,32 @@ pub struct Loaded {
 }
 
 /// Loads every `*.yaml`/`*.yml` file under `dir` (skipping dotfiles and dot-directories).
+///
+/// Reads at most [`MAX_FILE_BYTES`] of a file and stops reading once the files add up to
+/// more than [`MAX_DIR_BYTES`]. Blocking: parsing may take seconds, so a running service
+/// calls it off its async runtime.
 pub fn load_dir(dir: &Path, options: LoadOptions) -> Result<Loaded, Vec<ConfigError>> {
     let paths = config_files(dir).map_err(|e| vec![e])?;
     let mut sources = Vec::with_capacity(paths.len());
     let mut errors = Vec::new();
+    let mut total = 0;
     for path in &paths {
         let name = path
             .strip_prefix(dir)
             .unwrap_or(path)
             .to_string_lossy()
             .into_owned();
-        match std::fs::read_to_string(path) {
-            Ok(text) => sources.push((name, text)),
-            Err(e) => errors.push(ConfigError::file(&name, format!("cannot read file: {e}"))),
+        match limits::read(path, &name) {
+            Ok(text) => {
+                total += text.len() as u64;
+                if total > MAX_DIR_BYTES {
+                    // Parsing the files read so far would only add errors about what is missing.
+                    errors.push(limits::directory_too_big(dir));
+                    return Err(errors);
+                }
+                sources.push((name, text));
+            }
+            Err(e) => errors.push(e),
         }
     }
     let files: Vec<String> = sources.iter().map(|(n, _)| n.clone()).collect();
@@ -85,6 +102,7 @@ pub fn load_sources(
 
 /// Parses one file into its raw form, reporting every unknown key, or the parser's error.
 fn parse_file(name: &str, text: &str) -> Result<raw::RawFile, Vec<ConfigError>> {
+    limits::check(name, text).map_err(|e| vec![e])?;
     let value: serde_yaml::Value = serde_yaml::from_str(text)
         .map_err(|e| vec![ConfigError::parse(name, "error loading config file: ", &e)])?;
     if value.is_null() {

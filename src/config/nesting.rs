@@ -1,0 +1,592 @@
+//! A linear pre-scan that finds where a YAML text nests deeper than a bound, before the
+//! parser sees it.
+//!
+//! libyaml's work per token grows with the number of open collections, so nesting makes
+//! parsing quadratic: a 1 MB file nested 40,000 levels deep keeps serde_yaml busy for more
+//! than a minute. This scan reads each byte once and follows libyaml's tokenizer closely
+//! enough to tell which `[`, `{`, `- ` and `key:` open a collection and which are text: not
+//! those in quoted scalars (which may span lines), block scalars (`|`, `>`), multi-line plain
+//! scalars or comments. Where it cannot be exact it counts more, never less: every
+//! compact `- - x` and indentless `key:\n- x` is a level, and `[a: b]` counts the
+//! single-pair mapping libyaml builds inside the sequence. A flow collection that turns out
+//! to be a mapping key (`[a]: b`) moves one level down once its `:` is seen.
+
+/// The 1-based line and column where `text` first nests deeper than `max` collections
+/// (flow and block together), or `None` if it never does.
+pub(super) fn too_deep(text: &str, max: usize) -> Option<(usize, usize)> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut scan = Scan::new(max);
+    for (number, line) in lines(text).enumerate() {
+        if let Err(pos) = scan.line(line) {
+            // `pos` is at an ASCII indicator, so a char boundary.
+            let column = std::str::from_utf8(&line[..pos]).map_or(pos, |s| s.chars().count());
+            return Some((number + 1, column + 1));
+        }
+    }
+    None
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Map,
+    Seq,
+}
+
+/// An open flow collection.
+#[derive(Debug)]
+struct Flow {
+    seq: bool,
+    /// A `:` or `?` made the current entry of this sequence a single-pair mapping.
+    pair: bool,
+    /// The deepest level reached inside the current entry (it moves one level down if the
+    /// entry turns out to be a pair's key).
+    entry_peak: usize,
+    /// The deepest level reached inside this collection.
+    peak: usize,
+}
+
+/// What a line hands on to the next.
+#[derive(Debug, Clone, Copy)]
+enum Carry {
+    None,
+    /// A plain scalar in block context that more-indented lines continue.
+    Plain,
+    /// An open `'` or `"` scalar.
+    Quoted(u8),
+    /// A block scalar's text: lines indented at least `content` (found from the first
+    /// non-blank line when the header gives no indentation indicator).
+    BlockScalar {
+        parent: isize,
+        content: Option<usize>,
+        seen: usize,
+    },
+}
+
+/// Where in a line the scan is.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    /// Where a block node may start.
+    BlockToken,
+    /// Right after a quoted scalar, alias or flow collection that began at `node`.
+    BlockAfter { node: usize },
+    /// Inside flow collections.
+    Flow,
+}
+
+#[derive(Debug)]
+struct Scan {
+    max: usize,
+    /// Open block collections, innermost last: their indentation and kind.
+    blocks: Vec<(usize, Kind)>,
+    flows: Vec<Flow>,
+    /// Flow sequence entries that are single-pair mappings.
+    pairs: usize,
+    /// Column where the outermost open flow collection's node began.
+    flow_node: usize,
+    /// The deepest level the last outermost flow collection reached, until the next node.
+    flow_peak: usize,
+    /// Inside a plain scalar in flow context (they may span lines).
+    in_plain: bool,
+    carry: Carry,
+}
+
+impl Scan {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            blocks: Vec::new(),
+            flows: Vec::new(),
+            pairs: 0,
+            flow_node: 0,
+            flow_peak: 0,
+            in_plain: false,
+            carry: Carry::None,
+        }
+    }
+
+    fn depth(&self) -> usize {
+        self.blocks.len() + self.flows.len() + self.pairs
+    }
+
+    /// libyaml's current block indentation: that of the innermost block collection.
+    fn indent(&self) -> isize {
+        self.blocks
+            .last()
+            .map_or(-1, |&(column, _)| column as isize)
+    }
+
+    /// One line, without its line break; `Err` holds the byte offset that went too deep.
+    fn line(&mut self, l: &[u8]) -> Result<(), usize> {
+        self.flow_peak = 0;
+        let spaces = l.iter().take_while(|&&b| b == b' ').count();
+        let blank = l[spaces..].iter().all(|&b| is_blank(b));
+        match std::mem::replace(&mut self.carry, Carry::None) {
+            Carry::None => {}
+            Carry::BlockScalar {
+                parent,
+                content,
+                seen,
+            } => {
+                if blank {
+                    self.carry = Carry::BlockScalar {
+                        parent,
+                        content,
+                        seen: seen.max(spaces),
+                    };
+                    return Ok(());
+                }
+                // libyaml: the most-indented leading line, but deeper than the parent.
+                let least = usize::try_from(parent + 1).unwrap_or(0).max(1);
+                let content = content.unwrap_or_else(|| seen.max(spaces).max(least));
+                if spaces >= content {
+                    self.carry = Carry::BlockScalar {
+                        parent,
+                        content: Some(content),
+                        seen,
+                    };
+                    return Ok(());
+                }
+            }
+            Carry::Quoted(quote) => {
+                return match quoted_end(l, 0, quote) {
+                    None => {
+                        self.carry = Carry::Quoted(quote);
+                        Ok(())
+                    }
+                    Some(end) if self.flows.is_empty() => {
+                        self.run(l, end, At::BlockAfter { node: end })
+                    }
+                    Some(end) => self.run(l, end, At::Flow),
+                };
+            }
+            Carry::Plain => {
+                if blank {
+                    self.carry = Carry::Plain;
+                    return Ok(());
+                }
+                if l[spaces] == b'#' {
+                    return Ok(());
+                }
+                if !document_marker(l) && spaces as isize > self.indent() {
+                    return match plain_end(l, spaces) {
+                        // A multi-line key: the parser rejects it; read on anyway.
+                        Plain::Key(colon) => self.run(l, colon + 1, At::BlockToken),
+                        Plain::Comment => Ok(()),
+                        Plain::Line => {
+                            self.carry = Carry::Plain;
+                            Ok(())
+                        }
+                    };
+                }
+            }
+        }
+        if !self.flows.is_empty() {
+            return self.run(l, 0, At::Flow);
+        }
+        if blank || l[spaces] == b'#' {
+            return Ok(());
+        }
+        if document_marker(l) {
+            self.blocks.clear();
+            return self.run(l, 3, At::BlockToken);
+        }
+        if spaces == 0 && l[0] == b'%' {
+            return Ok(()); // a directive
+        }
+        self.unroll(spaces);
+        self.run(l, spaces, At::BlockToken)
+    }
+
+    /// Reads the tokens of `l` from `pos`.
+    fn run(&mut self, l: &[u8], mut pos: usize, mut at: At) -> Result<(), usize> {
+        // Where the block node being read began, properties (`&a`, `!t`) included.
+        let mut node = pos;
+        let mut fresh = true;
+        loop {
+            pos = skip_blanks(l, pos);
+            let Some(&c) = l.get(pos) else {
+                return Ok(());
+            };
+            match at {
+                At::Flow => {
+                    if self.in_plain {
+                        match c {
+                            b'#' if pos == 0 || is_blank(l[pos - 1]) => {
+                                self.in_plain = false;
+                                return Ok(());
+                            }
+                            b':' if blank_or_end(l, pos + 1)
+                                || matches!(
+                                    l.get(pos + 1),
+                                    Some(b',' | b'[' | b']' | b'{' | b'}')
+                                ) =>
+                            {
+                                self.in_plain = false;
+                            }
+                            b',' | b'[' | b']' | b'{' | b'}' => self.in_plain = false,
+                            _ => {
+                                pos += 1;
+                                continue;
+                            }
+                        }
+                    }
+                    match c {
+                        b'#' => return Ok(()),
+                        b'[' | b'{' => {
+                            self.push_flow(c == b'[', pos)?;
+                            pos += 1;
+                        }
+                        b']' | b'}' => {
+                            self.pop_flow();
+                            pos += 1;
+                            if self.flows.is_empty() {
+                                at = At::BlockAfter {
+                                    node: self.flow_node,
+                                };
+                            }
+                        }
+                        b',' => {
+                            self.next_entry();
+                            pos += 1;
+                        }
+                        b'?' | b':' => {
+                            self.pair(pos)?;
+                            pos += 1;
+                        }
+                        b'"' | b'\'' => match quoted_end(l, pos + 1, c) {
+                            None => {
+                                self.carry = Carry::Quoted(c);
+                                return Ok(());
+                            }
+                            Some(end) => pos = end,
+                        },
+                        b'&' | b'*' => pos = skip_anchor(l, pos + 1),
+                        b'!' => pos = skip_tag(l, pos, true),
+                        _ => {
+                            self.in_plain = true;
+                            pos += 1;
+                        }
+                    }
+                }
+                At::BlockAfter { node } => match c {
+                    b'#' => return Ok(()),
+                    b':' if blank_or_end(l, pos + 1) => {
+                        // A flow collection as a key of a new mapping: one level deeper.
+                        if self.open(Kind::Map, node)? && self.flow_peak >= self.max {
+                            return Err(node);
+                        }
+                        self.flow_peak = 0;
+                        pos += 1;
+                        at = At::BlockToken;
+                        fresh = true;
+                    }
+                    // Anything else is an error to the parser; keep reading tokens.
+                    _ => {
+                        self.flow_peak = 0;
+                        at = At::BlockToken;
+                        fresh = true;
+                    }
+                },
+                At::BlockToken => {
+                    if fresh {
+                        node = pos;
+                        fresh = false;
+                    }
+                    match c {
+                        b'#' => return Ok(()),
+                        b'-' | b'?' | b':' if blank_or_end(l, pos + 1) => {
+                            let kind = if c == b'-' { Kind::Seq } else { Kind::Map };
+                            // After properties, `&a : b` is a key: its mapping is at `&a`.
+                            self.open(kind, node)?;
+                            pos += 1;
+                            at = At::BlockToken;
+                            fresh = true;
+                        }
+                        b'&' => pos = skip_anchor(l, pos + 1),
+                        b'!' => pos = skip_tag(l, pos, false),
+                        b'|' | b'>' => {
+                            self.block_scalar(l, pos + 1);
+                            return Ok(());
+                        }
+                        b'[' | b'{' => {
+                            self.flow_node = node;
+                            self.push_flow(c == b'[', pos)?;
+                            pos += 1;
+                            at = At::Flow;
+                        }
+                        b'"' | b'\'' => match quoted_end(l, pos + 1, c) {
+                            None => {
+                                self.carry = Carry::Quoted(c);
+                                return Ok(());
+                            }
+                            Some(end) => {
+                                pos = end;
+                                self.flow_peak = 0;
+                                at = At::BlockAfter { node };
+                            }
+                        },
+                        b'*' => {
+                            pos = skip_anchor(l, pos + 1);
+                            self.flow_peak = 0;
+                            at = At::BlockAfter { node };
+                        }
+                        _ => match plain_end(l, pos) {
+                            Plain::Key(colon) => {
+                                self.open(Kind::Map, node)?;
+                                pos = colon + 1;
+                                at = At::BlockToken;
+                                fresh = true;
+                            }
+                            Plain::Comment => return Ok(()),
+                            Plain::Line => {
+                                self.carry = Carry::Plain;
+                                return Ok(());
+                            }
+                        },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Closes the block collections indented more than `column`.
+    fn unroll(&mut self, column: usize) {
+        while self.blocks.last().is_some_and(|&(c, _)| c > column) {
+            self.blocks.pop();
+        }
+    }
+
+    /// A block collection of `kind` continues or starts at `column`; `true` if it starts.
+    fn open(&mut self, kind: Kind, column: usize) -> Result<bool, usize> {
+        self.unroll(column);
+        match self.blocks.last() {
+            Some(&(c, k)) if c == column && k == kind => return Ok(false),
+            Some(&(c, Kind::Seq)) if c == column => {
+                // A key at the column of an indentless sequence ends the sequence.
+                self.blocks.pop();
+                if self.blocks.last() == Some(&(column, Kind::Map)) {
+                    return Ok(false);
+                }
+            }
+            // `- ` at a mapping's own column: an indentless sequence, one level deeper.
+            _ => {}
+        }
+        self.blocks.push((column, kind));
+        self.check(column)?;
+        Ok(true)
+    }
+
+    fn check(&self, pos: usize) -> Result<(), usize> {
+        if self.depth() > self.max {
+            Err(pos)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn push_flow(&mut self, seq: bool, pos: usize) -> Result<(), usize> {
+        self.flows.push(Flow {
+            seq,
+            pair: false,
+            entry_peak: 0,
+            peak: 0,
+        });
+        self.check(pos)?;
+        let depth = self.depth();
+        let n = self.flows.len();
+        self.flows[n - 1].peak = depth;
+        if n >= 2 {
+            let parent = &mut self.flows[n - 2];
+            parent.entry_peak = parent.entry_peak.max(depth);
+        }
+        Ok(())
+    }
+
+    fn pop_flow(&mut self) {
+        let Some(flow) = self.flows.pop() else {
+            return;
+        };
+        if flow.pair {
+            self.pairs -= 1;
+        }
+        match self.flows.last_mut() {
+            Some(parent) => {
+                parent.entry_peak = parent.entry_peak.max(flow.peak);
+                parent.peak = parent.peak.max(flow.peak);
+            }
+            None => {
+                self.flow_peak = flow.peak;
+                self.in_plain = false;
+            }
+        }
+    }
+
+    fn next_entry(&mut self) {
+        if let Some(flow) = self.flows.last_mut() {
+            if flow.pair {
+                flow.pair = false;
+                self.pairs -= 1;
+            }
+            flow.entry_peak = 0;
+        }
+    }
+
+    /// A `:` or `?` in flow context: in a sequence, the entry becomes a single-pair mapping,
+    /// and what it holds so far moves one level down.
+    fn pair(&mut self, pos: usize) -> Result<(), usize> {
+        let Some(flow) = self.flows.last_mut() else {
+            return Ok(());
+        };
+        if !flow.seq || flow.pair {
+            return Ok(());
+        }
+        flow.pair = true;
+        let moved = flow.entry_peak + 1;
+        self.pairs += 1;
+        let depth = self.depth();
+        if let Some(flow) = self.flows.last_mut() {
+            flow.peak = flow.peak.max(moved).max(depth);
+        }
+        if moved.max(depth) > self.max {
+            Err(pos)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// After `|` or `>`: the header's indentation indicator, if any, fixes the text's
+    /// indentation relative to the enclosing block collection.
+    fn block_scalar(&mut self, l: &[u8], pos: usize) {
+        let mut increment = 0;
+        for &b in l.iter().skip(pos).take(2) {
+            match b {
+                b'1'..=b'9' => increment = usize::from(b - b'0'),
+                b'+' | b'-' => {}
+                _ => break,
+            }
+        }
+        let parent = self.indent();
+        let content =
+            (increment > 0).then(|| usize::try_from(parent).map_or(increment, |p| p + increment));
+        self.carry = Carry::BlockScalar {
+            parent,
+            content,
+            seen: 0,
+        };
+    }
+}
+
+enum Plain {
+    /// The scalar is a mapping key; the offset of its `:`.
+    Key(usize),
+    /// A comment ends it.
+    Comment,
+    /// It reaches the end of the line (and may go on).
+    Line,
+}
+
+/// Where a plain scalar in block context that starts at `i` ends.
+fn plain_end(l: &[u8], mut i: usize) -> Plain {
+    while i < l.len() {
+        match l[i] {
+            b':' if blank_or_end(l, i + 1) => return Plain::Key(i),
+            b'#' if i > 0 && is_blank(l[i - 1]) => return Plain::Comment,
+            _ => i += 1,
+        }
+    }
+    Plain::Line
+}
+
+/// The offset just past the quote that closes a scalar whose text starts at `i`, if it
+/// closes on this line.
+fn quoted_end(l: &[u8], mut i: usize, quote: u8) -> Option<usize> {
+    while i < l.len() {
+        match l[i] {
+            b'\\' if quote == b'"' => i += 2,
+            b'\'' if quote == b'\'' && l.get(i + 1) == Some(&b'\'') => i += 2,
+            b if b == quote => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Past an anchor or alias name (libyaml: letters, digits, `-`, `_`).
+fn skip_anchor(l: &[u8], mut i: usize) -> usize {
+    while i < l.len() && (l[i].is_ascii_alphanumeric() || l[i] == b'-' || l[i] == b'_') {
+        i += 1;
+    }
+    i
+}
+
+/// Past a tag at `i`. libyaml requires a blank (or in flow context a `,`) after a tag, so
+/// skipping to one skips what it skips, or the parser fails there.
+fn skip_tag(l: &[u8], i: usize, flow: bool) -> usize {
+    if l.get(i + 1) == Some(&b'<') {
+        return l[i..]
+            .iter()
+            .position(|&b| b == b'>')
+            .map_or(l.len(), |p| i + p + 1);
+    }
+    let mut i = i + 1;
+    while i < l.len() && !is_blank(l[i]) && !(flow && l[i] == b',') {
+        i += 1;
+    }
+    i
+}
+
+fn skip_blanks(l: &[u8], mut i: usize) -> usize {
+    while i < l.len() && is_blank(l[i]) {
+        i += 1;
+    }
+    i
+}
+
+fn is_blank(b: u8) -> bool {
+    b == b' ' || b == b'\t'
+}
+
+fn blank_or_end(l: &[u8], i: usize) -> bool {
+    l.get(i).is_none_or(|&b| is_blank(b))
+}
+
+/// `---` or `...` at the start of a line, alone or followed by a blank.
+fn document_marker(l: &[u8]) -> bool {
+    (l.starts_with(b"---") || l.starts_with(b"...")) && blank_or_end(l, 3)
+}
+
+/// The lines of `text` split at every line break libyaml knows: LF, CRLF, CR, and the
+/// Unicode NEL, LS and PS.
+fn lines(text: &str) -> impl Iterator<Item = &[u8]> {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    let mut done = false;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let mut i = start;
+        while i < bytes.len() {
+            let next = |k: usize| bytes.get(i + k).copied();
+            let width = match bytes[i] {
+                b'\n' => 1,
+                b'\r' if next(1) == Some(b'\n') => 2,
+                b'\r' => 1,
+                0xC2 if next(1) == Some(0x85) => 2,
+                0xE2 if next(1) == Some(0x80) && matches!(next(2), Some(0xA8 | 0xA9)) => 3,
+                _ => 0,
+            };
+            if width > 0 {
+                let line = &bytes[start..i];
+                start = i + width;
+                return Some(line);
+            }
+            i += 1;
+        }
+        done = true;
+        Some(&bytes[start..])
+    })
+}
+
+#[cfg(test)]
+mod tests;
