@@ -9,6 +9,10 @@
 //! only once the fingerprint has been stable for a short while, so a half-copied set of files
 //! is never read. SIGHUP reloads at once.
 //!
+//! Files are read and parsed on a blocking thread, never on the runtime's: a config near the
+//! size and depth bounds of [`config::MAX_FILE_BYTES`] and [`config::MAX_NESTING`] takes
+//! seconds to parse, during which requests and health checks must go on being answered.
+//!
 //! Counters live in the store under keys derived from the rules, so the counters of rules a
 //! reload leaves unchanged carry on.
 
@@ -16,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use crate::config::{self, LoadOptions};
+use crate::config::{self, ConfigError, LoadOptions, Loaded};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 
@@ -74,10 +78,25 @@ impl Reloader {
         }
     }
 
-    /// Loads the directory now and swaps the policy in if it is valid; returns whether it was.
-    pub fn reload(&self, reason: &str) -> bool {
-        let dir = &self.options.dir;
-        match config::load_dir(dir, self.options.load) {
+    /// Loads the directory now (on a blocking thread) and swaps the policy in if it is
+    /// valid; returns whether it was.
+    pub async fn reload(&self, reason: &str) -> bool {
+        let (dir, load) = (self.options.dir.clone(), self.options.load);
+        let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir, load))
+            .await
+            .unwrap_or_else(|e| {
+                let dir = self.options.dir.display().to_string();
+                Err(vec![ConfigError::file(
+                    &dir,
+                    format!("config load failed: {e}"),
+                )])
+            });
+        self.apply(loaded, reason)
+    }
+
+    /// Swaps in a loaded policy, or keeps the old one and says why.
+    fn apply(&self, loaded: Result<Loaded, Vec<ConfigError>>, reason: &str) -> bool {
+        match loaded {
             Ok(loaded) => {
                 let domains = loaded.policy.domain_count();
                 let policy = Arc::new(loaded.policy);
@@ -115,7 +134,8 @@ impl Reloader {
         }
     }
 
-    /// Watches until `shutdown` resolves.
+    /// Watches until `shutdown` resolves; a reload under way is then abandoned (its thread
+    /// finishes within the load bounds, and its result is dropped).
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let mut hangup = hangup_signal();
         let mut last = fingerprint(&self.options.dir);
@@ -131,7 +151,10 @@ impl Reloader {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = hangup.recv() => {
-                    self.reload("SIGHUP");
+                    tokio::select! {
+                        _ = &mut shutdown => return,
+                        _ = self.reload("SIGHUP") => {}
+                    }
                     last = fingerprint(&self.options.dir);
                 }
                 _ = tick.tick(), if polling => {
@@ -141,17 +164,23 @@ impl Reloader {
                     }
                     // Let the change settle: a ConfigMap update or a copy of several files
                     // must be seen whole.
-                    let mut settled = now;
-                    loop {
-                        tokio::time::sleep(self.options.settle).await;
-                        let again = fingerprint(&self.options.dir);
-                        if again == settled {
-                            break;
+                    let settle_and_load = async {
+                        let mut settled = now;
+                        loop {
+                            tokio::time::sleep(self.options.settle).await;
+                            let again = fingerprint(&self.options.dir);
+                            if again == settled {
+                                break;
+                            }
+                            settled = again;
                         }
-                        settled = again;
+                        self.reload("files changed").await;
+                        settled
+                    };
+                    tokio::select! {
+                        _ = &mut shutdown => return,
+                        settled = settle_and_load => last = settled,
                     }
-                    self.reload("files changed");
-                    last = settled;
                 }
             }
         }

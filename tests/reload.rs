@@ -94,6 +94,81 @@ async fn a_broken_config_is_rejected_and_the_old_limits_keep_answering() {
     );
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn requests_and_health_checks_are_answered_while_a_slow_config_parses() {
+    // One thread runs the server and this test: a reload parsing on it would stall both.
+    let dir = config_dir("reload-slow", &[("r.yaml", FIVE)]);
+    let server = server_on(&dir).await;
+    let mut client = server.client().await;
+    // Within the size and depth bounds, but seconds of parsing: 2.5 MiB of sequences nested
+    // 61 deep. Not a config file mapping, so the reload is rejected once parsed.
+    let line = format!("- {}{}\n", "[".repeat(60), "]".repeat(60));
+    write(&dir, "slow.yaml", &line.repeat(5 * 512 * 1024 / line.len()));
+    // A failure detector, not a measurement: a local request takes milliseconds.
+    let patience = Duration::from_secs(3);
+    let mut answered = 0;
+    let page = loop {
+        let value = format!("v{answered}");
+        let ask = should_rate_limit(
+            &mut client,
+            request("r", vec![descriptor(&[("k", &value)])]),
+        );
+        let answer = tokio::time::timeout(patience, ask)
+            .await
+            .expect("a request went unanswered during the reload");
+        assert_eq!(answer.statuses[0].limit_remaining, 4);
+        let health = tokio::time::timeout(patience, http_get(server.http_addr, "/healthcheck"))
+            .await
+            .expect("a health check went unanswered during the reload");
+        assert_eq!(health.unwrap().0, 200);
+        answered += 1;
+        let (_, page) = tokio::time::timeout(patience, http_get(server.http_addr, "/rlconfig"))
+            .await
+            .expect("/rlconfig went unanswered during the reload")
+            .unwrap();
+        if page.contains("# last reload: rejected") {
+            break page;
+        }
+    };
+    assert!(page.contains("slow.yaml"), "{page}");
+    assert!(answered > 0);
+    // The old limits still answer.
+    assert_eq!(remaining(&server, "r", "k", "a").await, 4);
+    let (_, metrics) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("ratelimit_service_config_load_error 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_over_the_size_bound_is_rejected_unread_and_the_old_limits_stay() {
+    let dir = config_dir("reload-too-big", &[("r.yaml", FIVE)]);
+    let server = server_on(&dir).await;
+    assert_eq!(remaining(&server, "r", "k", "a").await, 4);
+    let len = sluice::config::MAX_FILE_BYTES as usize + 1;
+    write(
+        &dir,
+        "big.yaml",
+        &format!("domain: big\n{}", "#".repeat(len - 12)),
+    );
+    until_rlconfig(&server, "# last reload: rejected").await;
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(
+        page.contains(
+            "big.yaml: file is 4194305 bytes, more than the 4194304 a config file may have"
+        ),
+        "{page}"
+    );
+    assert!(!page.contains("domain: big"), "{page}");
+    assert_eq!(remaining(&server, "r", "k", "a").await, 3);
+    let (_, metrics) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("ratelimit_service_config_load_error 1"),
+        "{metrics}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_of_unchanged_rules_survive_a_reload() {
     let dir = config_dir("reload-counters", &[("r.yaml", FIVE)]);
