@@ -135,9 +135,18 @@ impl Reloader {
     }
 
     /// Watches until `shutdown` resolves; a reload under way is then abandoned (its thread
-    /// finishes within the load bounds, and its result is dropped).
-    pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let mut hangup = hangup_signal();
+    /// finishes within the load bounds, and its result is dropped). SIGHUP is listened for
+    /// from this call on, not from the future's first poll: a SIGHUP right after the server
+    /// says it is serving must reload, not kill the process (the signal's default action).
+    pub fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> impl Future<Output = ()> + Send {
+        let hangup = hangup_signal();
+        self.watch(hangup, shutdown)
+    }
+
+    async fn watch(self, mut hangup: Hangup, shutdown: impl Future<Output = ()>) {
         let mut last = fingerprint(&self.options.dir);
         let polling = !self.options.interval.is_zero();
         let mut tick = tokio::time::interval(if polling {
