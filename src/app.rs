@@ -9,7 +9,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
@@ -77,6 +76,18 @@ impl Listeners {
 
 /// Longest wait at startup for the store's connections and scripts.
 const WARM_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Interval of HTTP/2 pings on a quiet gRPC connection, and how long the answer may take:
+/// a peer that vanished without closing is found within a minute and a half.
+const GRPC_KEEPALIVE: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_secs(60),
+    std::time::Duration::from_secs(20),
+);
+
+/// Concurrent streams per gRPC connection. Envoy multiplexes every request of a worker
+/// thread over one connection and opens another when a peer's limit is reached, so this
+/// only bounds what one client can pile up, far above what one connection carries.
+const GRPC_MAX_STREAMS: u32 = 1024;
 
 /// A service ready to serve: config loaded, store and limiter built.
 pub struct Prepared {
@@ -201,6 +212,9 @@ impl Prepared {
             .local_addr()
             .map_err(|e| AppError::Serve(e.to_string()))?;
         let grpc_server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(GRPC_KEEPALIVE.0))
+            .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
+            .max_concurrent_streams(GRPC_MAX_STREAMS)
             .layer(ClientFaultsLayer::new(Some(self.metrics.clone())))
             .add_service(health_service)
             .add_service(rls.clone().into_server());
@@ -208,13 +222,15 @@ impl Prepared {
             Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
         > = match &self.settings.grpc_tls {
             None => {
-                let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+                let incoming =
+                    crate::connection::incoming(listeners.grpc, self.settings.grpc_connections);
                 Box::pin(grpc_server.serve_with_incoming_shutdown(incoming, drain.started()))
             }
             Some(files) => {
                 let tls = Arc::new(ReloadingTls::new(files.clone()).map_err(AppError::Serve)?);
                 tracing::info!(mutual = files.client_ca.is_some(), "gRPC over TLS");
-                let incoming = crate::tls::incoming(listeners.grpc, tls);
+                let incoming =
+                    crate::tls::incoming(listeners.grpc, tls, self.settings.grpc_connections);
                 Box::pin(grpc_server.serve_with_incoming_shutdown(incoming, drain.started()))
             }
         };
@@ -230,7 +246,8 @@ impl Prepared {
             config: self.config.clone(),
             metrics: self.metrics.clone(),
         });
-        let http = axum::serve(listeners.http, router).with_graceful_shutdown(drain.started());
+        let admin_limits = self.settings.admin_connections;
+        let http = admin::serve(listeners.http, router, admin_limits, drain.started());
 
         let reloader = Reloader::new(
             ReloadOptions {
@@ -257,14 +274,15 @@ impl Prepared {
                 }),
             );
             tracing::info!(addr = %prometheus.addr, path = %prometheus.path, "serving Prometheus metrics");
-            tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(drain_for_metrics)
-                    .await
-            });
+            tokio::spawn(admin::serve(
+                listener,
+                router,
+                admin_limits,
+                drain_for_metrics,
+            ));
         }
         let mut grpc = tokio::spawn(grpc);
-        let mut http = tokio::spawn(async move { http.await });
+        let mut http = tokio::spawn(http);
         reporter
             .set_service_status("", ServingStatus::Serving)
             .await;

@@ -14,7 +14,9 @@
 //! - [`store`]: the `Store` trait and the in-memory store.
 //! - [`rls`]: the Envoy `RateLimitService` over gRPC; the only module that knows the proto
 //!   (besides [`admin`], which speaks its JSON form).
-//! - [`admin`]: HTTP endpoints `/json`, `/healthcheck`, `/ready`, `/rlconfig`.
+//! - [`admin`]: HTTP endpoints `/json`, `/healthcheck`, `/ready`, `/rlconfig`, and the
+//!   bounded HTTP server that serves them.
+//! - [`connection`]: connection caps and handshake deadlines of the listeners.
 //! - [`settings`]: every process setting, from flags and environment.
 //! - [`app`]: bootstrap and ordered shutdown.
 //! - [`tools`]: the `check` and `bench` clients.
@@ -25,6 +27,7 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod health;
 pub mod limiter;
 pub mod logging;

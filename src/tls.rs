@@ -2,7 +2,9 @@
 //! change (cert-manager and Kubernetes rotate them in place; a restart must not be needed).
 //!
 //! Handshakes run in their own tasks, so a slow or broken client never holds up the accept
-//! loop; a failed handshake is logged and dropped, never fatal to the server.
+//! loop; a failed handshake is logged and dropped, never fatal to the server. Connections
+//! count toward the gRPC connection cap from accept on, and the TLS handshake and then the
+//! HTTP/2 preface must be over within the handshake timeout (see [`crate::connection`]).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
@@ -17,10 +19,10 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 
+use crate::connection::{Acceptor, ConnectionLimits, Guarded};
+
 /// How often the certificate files are checked for changes, at most.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// Time a client gets to complete its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The PEM files of the gRPC listener (`GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, and
 /// for mutual TLS `GRPC_CLIENT_TLS_CACERT`).
@@ -137,35 +139,33 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
     Ok(Arc::new(config))
 }
 
-/// TLS connections accepted on `listener`, for `serve_with_incoming`.
+/// TLS connections accepted on `listener` within `limits`, for `serve_with_incoming`.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<ReloadingTls>,
-) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    limits: ConnectionLimits,
+) -> ReceiverStream<Result<Guarded<TlsStream<TcpStream>>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(128);
+    let mut acceptor = Acceptor::new(listener, limits);
     tokio::spawn(async move {
         loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
+            let accepted = tokio::select! {
+                accepted = acceptor.accept() => accepted,
                 _ = tx.closed() => return,
             };
-            let _ = stream.set_nodelay(true);
             let acceptor = TlsAcceptor::from(tls.config());
             let tx = tx.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                let peer = accepted.stream.peer_addr().ok();
+                let handshake = acceptor.accept(accepted.stream);
+                match tokio::time::timeout_at(accepted.deadline, handshake).await {
                     Ok(Ok(tls_stream)) => {
-                        let _ = tx.send(Ok(tls_stream)).await;
+                        // The rest of the deadline is for the HTTP/2 preface.
+                        let guarded = Guarded::new(tls_stream, accepted.permit, accepted.deadline);
+                        let _ = tx.send(Ok(guarded)).await;
                     }
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(?peer, "TLS handshake timed out"),
                 }
             });
         }

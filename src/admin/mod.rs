@@ -9,6 +9,7 @@
 //! - `GET /metrics`: Prometheus text exposition.
 
 pub mod json;
+mod serve;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use crate::reload::SharedConfigInfo;
 use crate::rls::RlsService;
 
 pub use crate::reload::ConfigInfo;
+pub use serve::serve;
 
 /// What the admin handlers share.
 #[derive(Clone)]

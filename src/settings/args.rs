@@ -60,6 +60,25 @@ pub struct ServeArgs {
     #[arg(long = "port", env = "PORT", hide = true, default_value = "8080")]
     http_port: u16,
 
+    /// Open admin HTTP connections at most (each of the admin and Prometheus listeners);
+    /// more wait to be accepted
+    #[arg(long, env = "ADMIN_MAX_CONNECTIONS", default_value = "256")]
+    pub admin_max_connections: usize,
+
+    /// Time an admin HTTP client has to send a request's headers; also how long an idle
+    /// keep-alive connection is kept
+    #[arg(long, env = "ADMIN_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub admin_header_timeout: Duration,
+
+    /// Open gRPC connections at most; more wait to be accepted
+    #[arg(long, env = "GRPC_MAX_CONNECTIONS", default_value = "10000")]
+    pub grpc_max_connections: usize,
+
+    /// Time a gRPC client has from connecting to the end of its TLS handshake and HTTP/2
+    /// preface
+    #[arg(long, env = "GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub grpc_handshake_timeout: Duration,
+
     /// Counter store [default: redis when REDIS_URL is set, else memory]
     #[arg(long, env = "BACKEND_TYPE", value_enum, ignore_case = true)]
     pub backend: Option<Backend>,
@@ -422,6 +441,25 @@ impl ServeArgs {
                 });
             }
         }
+        for (name, max, timeout) in [
+            (
+                "--admin-max-connections (ADMIN_MAX_CONNECTIONS) / --admin-header-timeout (ADMIN_HEADER_TIMEOUT)",
+                self.admin_max_connections,
+                self.admin_header_timeout,
+            ),
+            (
+                "--grpc-max-connections (GRPC_MAX_CONNECTIONS) / --grpc-handshake-timeout (GRPC_HANDSHAKE_TIMEOUT)",
+                self.grpc_max_connections,
+                self.grpc_handshake_timeout,
+            ),
+        ] {
+            if max == 0 || timeout.is_zero() {
+                return Err(SettingsError {
+                    name: name.into(),
+                    message: "must be more than 0".into(),
+                });
+            }
+        }
         if self.memory_max_keys == 0 {
             return Err(SettingsError {
                 name: "--memory-max-keys (MEMORY_MAX_KEYS)".into(),
@@ -509,6 +547,14 @@ impl ServeArgs {
             log: LogSettings {
                 level,
                 format: self.log_format,
+            },
+            admin_connections: ConnectionLimits {
+                max_connections: self.admin_max_connections,
+                handshake_timeout: self.admin_header_timeout,
+            },
+            grpc_connections: ConnectionLimits {
+                max_connections: self.grpc_max_connections,
+                handshake_timeout: self.grpc_handshake_timeout,
             },
             shutdown_grace: self.shutdown_grace,
             shutdown_delay: self.shutdown_delay,

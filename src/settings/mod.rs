@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 
+use crate::connection::ConnectionLimits;
 use crate::limiter::LimiterOptions;
 use crate::rls::{ReferenceHeaders, ResponseOptions};
 use crate::store::FailureMode;
@@ -36,6 +37,11 @@ pub struct Settings {
     pub grpc_tls: Option<TlsFiles>,
     /// Admin HTTP listen address.
     pub http_addr: SocketAddr,
+    /// Connection cap and header timeout of the admin HTTP and Prometheus listeners (the
+    /// timeout is their [`ConnectionLimits::handshake_timeout`]).
+    pub admin_connections: ConnectionLimits,
+    /// Connection cap and handshake timeout of the gRPC listener.
+    pub grpc_connections: ConnectionLimits,
     /// Where counters live.
     pub backend: Backend,
     /// Redis connection settings (with `Backend::Redis`).
@@ -127,6 +133,14 @@ impl Settings {
             grpc_addr: loopback,
             grpc_tls: None,
             http_addr: loopback,
+            admin_connections: ConnectionLimits {
+                max_connections: 256,
+                handshake_timeout: Duration::from_secs(10),
+            },
+            grpc_connections: ConnectionLimits {
+                max_connections: 10_000,
+                handshake_timeout: Duration::from_secs(10),
+            },
             backend: Backend::Memory,
             redis: None,
             resilience: ResilienceOptions::default(),

@@ -102,3 +102,42 @@ fn booleans_and_durations_parse_like_the_reference() {
     assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
     assert!(parse_duration("soon").is_err());
 }
+
+#[test]
+fn connection_bounds_default_like_the_tests_take_flags_and_refuse_zero() {
+    use crate::connection::ConnectionLimits;
+    let overridden = [
+        "ADMIN_MAX_CONNECTIONS",
+        "ADMIN_HEADER_TIMEOUT",
+        "GRPC_MAX_CONNECTIONS",
+        "GRPC_HANDSHAKE_TIMEOUT",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some());
+    if !overridden {
+        let (s, t) = (settings(&[]).unwrap(), Settings::for_tests("."));
+        assert_eq!(s.admin_connections, t.admin_connections);
+        assert_eq!(s.grpc_connections, t.grpc_connections);
+    }
+    let s = settings(&[
+        "--admin-max-connections",
+        "32",
+        "--admin-header-timeout",
+        "2s",
+        "--grpc-max-connections",
+        "500",
+        "--grpc-handshake-timeout",
+        "3s",
+    ])
+    .unwrap();
+    let limits = |max_connections, secs| ConnectionLimits {
+        max_connections,
+        handshake_timeout: Duration::from_secs(secs),
+    };
+    assert_eq!(s.admin_connections, limits(32, 2));
+    assert_eq!(s.grpc_connections, limits(500, 3));
+    let err = settings(&["--admin-max-connections", "0"]).unwrap_err();
+    assert!(err.to_string().contains("ADMIN_MAX_CONNECTIONS"), "{err}");
+    let err = settings(&["--grpc-handshake-timeout", "0s"]).unwrap_err();
+    assert!(err.to_string().contains("GRPC_HANDSHAKE_TIMEOUT"), "{err}");
+}

@@ -1,0 +1,74 @@
+//! The HTTP server of the admin and Prometheus listeners, with the bounds a port that
+//! anyone on the network can reach needs (`axum::serve` has none of them):
+//!
+//! - at most `max_connections` open at once (past it, new ones wait in the listen backlog);
+//! - a header timeout: a connection must send its first bytes within `handshake_timeout`
+//!   of being accepted, and a complete request head within `handshake_timeout` of starting
+//!   one, or it is closed. A slow-loris client that sends one byte every few seconds is cut
+//!   off instead of holding its connection forever;
+//! - the same limit between requests on an HTTP/1 keep-alive connection (hyper's header
+//!   timer runs while it waits for the next request), and HTTP/2 keep-alive pings;
+//! - graceful shutdown: once `shutdown` resolves, the listener closes, idle connections
+//!   close, and requests in flight are answered before the future resolves.
+//!
+//! HTTP/1.1 and HTTP/2 (prior knowledge) are served alike, as `axum::serve` does.
+
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+
+use crate::connection::{Acceptor, ConnectionLimits, Guarded};
+
+/// Interval of HTTP/2 pings to a quiet peer, and how long its answer may take.
+const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(20));
+
+/// Serves `router` on `listener` within `limits` until `shutdown` resolves, then drains.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.handshake_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(HTTP2_KEEPALIVE.0)
+        .keep_alive_timeout(HTTP2_KEEPALIVE.1);
+    let mut acceptor = Acceptor::new(listener, limits);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = acceptor.accept() => accepted,
+            _ = &mut shutdown => break,
+        };
+        let peer = accepted.stream.peer_addr().ok();
+        // The deadline covers the bytes HTTP version detection waits for, which hyper's
+        // header timer does not.
+        let io = Guarded::new(accepted.stream, accepted.permit, accepted.deadline);
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection(TokioIo::new(io), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                // Timeouts and clients that go away mid-request: theirs to notice, not ours.
+                tracing::debug!(?peer, %error, "admin connection ended with an error");
+            }
+        });
+    }
+    // Stop accepting: new connections are refused from here on.
+    drop(acceptor);
+    graceful.shutdown().await;
+}

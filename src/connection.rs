@@ -1,0 +1,223 @@
+//! Bounds on the connections a listener accepts, shared by the gRPC and admin servers:
+//!
+//! - at most `max_connections` open at once: past it the listener is not polled until one
+//!   closes, so the excess waits in the kernel's accept backlog instead of holding file
+//!   descriptors (one port flooded with connections cannot take the other's);
+//! - a handshake deadline: a connection must have sent its first [`FIRST_BYTES`] bytes (the
+//!   HTTP/2 client preface, or the start of an HTTP/1 request) within `handshake_timeout` of
+//!   being accepted, TLS handshake included, or its reads fail and the server drops it;
+//! - TCP keepalive on every accepted socket, so connections to vanished peers end.
+//!
+//! Once the first bytes are in, reads go straight to the socket: the hot path pays one
+//! branch.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+use tonic::codegen::tokio_stream::StreamExt as _;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, TcpIncoming};
+
+/// What a new connection must send before its handshake deadline: the length of the
+/// HTTP/2 client preface `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`, shorter than any HTTP/1 request
+/// with a `Host` header.
+pub const FIRST_BYTES: usize = 24;
+
+/// Idle time before the kernel probes a silent peer.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// Pause after a failed `accept` (e.g. out of file descriptors) before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How many connections a listener keeps, and how long a new one has to start talking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections at most; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Time from accept to the first [`FIRST_BYTES`] bytes (TLS handshake included).
+    pub handshake_timeout: Duration,
+}
+
+/// A listener that hands out connections while fewer than the limit are open.
+pub struct Acceptor {
+    incoming: TcpIncoming,
+    permits: Arc<Semaphore>,
+    handshake_timeout: Duration,
+}
+
+/// An accepted connection, holding its place under the limit until dropped.
+pub struct Accepted {
+    /// The socket.
+    pub stream: TcpStream,
+    /// The place under the limit.
+    pub permit: OwnedSemaphorePermit,
+    /// When the handshake must be over.
+    pub deadline: Instant,
+}
+
+impl Acceptor {
+    /// Accepts on `listener` within `limits`.
+    pub fn new(listener: TcpListener, limits: ConnectionLimits) -> Self {
+        Self {
+            incoming: TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(TCP_KEEPALIVE)),
+            permits: Arc::new(Semaphore::new(limits.max_connections)),
+            handshake_timeout: limits.handshake_timeout,
+        }
+    }
+
+    /// The next connection, once there is room for it. Accept errors (a peer that reset
+    /// while queued, no file descriptor left) are logged and waited out, never returned.
+    pub async fn accept(&mut self) -> Accepted {
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(stream)) => {
+                    return Accepted {
+                        stream,
+                        permit,
+                        deadline: Instant::now() + self.handshake_timeout,
+                    };
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+                // TcpIncoming never ends; should it, wait rather than spin.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+}
+
+/// Plaintext connections accepted within `limits`, for tonic's `serve_with_incoming`.
+/// The accept loop ends when the server drops the stream.
+pub fn incoming(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+) -> ReceiverStream<io::Result<Guarded<TcpStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let mut acceptor = Acceptor::new(listener, limits);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = acceptor.accept() => accepted,
+                _ = tx.closed() => return,
+            };
+            let guarded = Guarded::new(accepted.stream, accepted.permit, accepted.deadline);
+            if tx.send(Ok(guarded)).await.is_err() {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+// === impl Guarded ===
+
+/// A connection that holds its place under the limit and whose reads fail once its
+/// handshake deadline passes with fewer than [`FIRST_BYTES`] bytes read.
+pub struct Guarded<IO> {
+    // Dropped before the permit: the socket is closed by the time its place is given on.
+    io: IO,
+    handshake: Option<Handshake>,
+    _permit: OwnedSemaphorePermit,
+}
+
+struct Handshake {
+    deadline: Pin<Box<Sleep>>,
+    missing: usize,
+}
+
+impl<IO> Guarded<IO> {
+    /// Wraps `io`, which must send its first bytes by `deadline`.
+    pub fn new(io: IO, permit: OwnedSemaphorePermit, deadline: Instant) -> Self {
+        Self {
+            io,
+            handshake: Some(Handshake {
+                deadline: Box::pin(tokio::time::sleep_until(deadline)),
+                missing: FIRST_BYTES,
+            }),
+            _permit: permit,
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let Some(handshake) = &mut this.handshake else {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        };
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let read = buf.filled().len() - before;
+                handshake.missing = handshake.missing.saturating_sub(read);
+                // Done, or at end of stream (the server will close it anyway).
+                if handshake.missing == 0 || read == 0 {
+                    this.handshake = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            // Waiting for bytes: wake at the deadline too.
+            Poll::Pending if handshake.deadline.as_mut().poll(cx).is_ready() => Poll::Ready(Err(
+                io::Error::new(io::ErrorKind::TimedOut, "no handshake before the deadline"),
+            )),
+            other => other,
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+impl<IO: Connected> Connected for Guarded<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
