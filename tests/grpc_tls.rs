@@ -14,14 +14,18 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 const CONFIG: &str =
     "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
 
-async fn tls_server(certs: &Path, mutual: bool) -> TestServer {
+fn tls_settings(certs: &Path, mutual: bool) -> Settings {
     let mut settings = Settings::for_tests(config_dir("tls", &[("t.yaml", CONFIG)]));
     settings.grpc_tls = Some(TlsFiles {
         cert: certs.join("server.crt"),
         key: certs.join("server.key"),
         client_ca: mutual.then(|| certs.join("ca.crt")),
     });
-    TestServer::start_with(settings).await
+    settings
+}
+
+async fn tls_server(certs: &Path, mutual: bool) -> TestServer {
+    TestServer::start_with(tls_settings(certs, mutual)).await
 }
 
 /// One request over TLS trusting `ca` (if any) and presenting `identity` (if any).
@@ -119,4 +123,24 @@ async fn rotated_certificates_are_used_without_a_restart() {
         ask(&server, Some(&certs), None).await.is_err(),
         "the old CA no longer fits"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_completes_the_tls_handshake_is_closed() {
+    use tokio::io::AsyncReadExt as _;
+    let certs = temp_dir("tls-silent-certs");
+    common::certs::make(&certs);
+    let mut settings = tls_settings(&certs, false);
+    settings.grpc_connections.handshake_timeout = Duration::from_millis(300);
+    let server = TestServer::start_with(settings).await;
+    let mut silent = tokio::net::TcpStream::connect(server.grpc_addr)
+        .await
+        .unwrap();
+    let mut sent = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut sent))
+        .await
+        .expect("the server kept a connection without a handshake")
+        .unwrap();
+    assert!(sent.is_empty());
+    assert_eq!(ask(&server, Some(&certs), None).await, Ok(8));
 }

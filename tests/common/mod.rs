@@ -217,14 +217,34 @@ pub struct SluiceProcess {
     pub child: std::process::Child,
     /// `127.0.0.1:PORT` of its gRPC listener.
     pub grpc: String,
+    /// `127.0.0.1:PORT` of its admin HTTP listener.
+    pub http: String,
 }
 
 impl SluiceProcess {
     /// Runs `sluice serve --config DIR` with `args`, and waits for its "serving" log line
     /// (the readiness signal, which names the bound ports).
     pub fn spawn(dir: &std::path::Path, args: &[&str]) -> Self {
+        Self::run(
+            std::process::Command::new(env!("CARGO_BIN_EXE_sluice")),
+            dir,
+            args,
+        )
+    }
+
+    /// [`SluiceProcess::spawn`] with at most `files` open file descriptors (`ulimit -n`).
+    pub fn spawn_with_file_limit(dir: &std::path::Path, args: &[&str], files: u32) -> Self {
+        let mut shell = std::process::Command::new("sh");
+        shell
+            .arg("-c")
+            .arg(format!("ulimit -n {files} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_sluice"));
+        Self::run(shell, dir, args)
+    }
+
+    fn run(mut command: std::process::Command, dir: &std::path::Path, args: &[&str]) -> Self {
         use std::io::{BufRead, BufReader};
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        let mut child = command
             .args(["serve", "--config"])
             .arg(dir)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
@@ -241,11 +261,14 @@ impl SluiceProcess {
         let mut lines = stderr.lines();
         for line in lines.by_ref() {
             let line = line.unwrap();
-            if let Some(rest) = line.split("grpc=").nth(1) {
-                let grpc = rest.split_whitespace().next().unwrap().to_owned();
+            let field = |name: &str| {
+                let rest = line.split(name).nth(1)?;
+                Some(rest.split_whitespace().next()?.to_owned())
+            };
+            if let (Some(grpc), Some(http)) = (field("grpc="), field("http=")) {
                 // Keep draining the log so the process never blocks on a full pipe.
                 std::thread::spawn(move || lines.for_each(drop));
-                return Self { child, grpc };
+                return Self { child, grpc, http };
             }
         }
         panic!("sluice serve exited before serving: {:?}", child.wait());
