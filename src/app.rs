@@ -57,9 +57,20 @@ pub struct Listeners {
 impl Listeners {
     /// Binds the addresses of `settings`.
     pub async fn bind(settings: &Settings) -> Result<Self, AppError> {
-        let bind = |addr| async move {
-            TcpListener::bind(addr)
-                .await
+        let bind = |addr: std::net::SocketAddr| async move {
+            // A backlog of 1,024 (the kernel caps it at somaxconn): past a connection cap the
+            // listener stops accepting, and the connections waiting meanwhile queue here.
+            let socket = if addr.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()
+            } else {
+                tokio::net::TcpSocket::new_v6()
+            };
+            socket
+                .and_then(|socket| {
+                    socket.set_reuseaddr(true)?;
+                    socket.bind(addr)?;
+                    socket.listen(LISTEN_BACKLOG)
+                })
                 .map_err(|source| AppError::Bind { addr, source })
         };
         let metrics = match &settings.prometheus {
@@ -73,6 +84,9 @@ impl Listeners {
         })
     }
 }
+
+/// Connections the kernel queues for each listener before Sluice accepts them.
+const LISTEN_BACKLOG: u32 = 1024;
 
 /// Longest wait at startup for the store's connections and scripts.
 const WARM_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);

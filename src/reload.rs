@@ -138,10 +138,7 @@ impl Reloader {
     /// finishes within the load bounds, and its result is dropped). SIGHUP is listened for
     /// from this call on, not from the future's first poll: a SIGHUP right after the server
     /// says it is serving must reload, not kill the process (the signal's default action).
-    pub fn run(
-        self,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> impl Future<Output = ()> + Send {
+    pub fn run(self, shutdown: impl Future<Output = ()> + Send) -> impl Future<Output = ()> + Send {
         let hangup = hangup_signal();
         self.watch(hangup, shutdown)
     }
