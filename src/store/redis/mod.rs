@@ -479,3 +479,68 @@ impl Store for RedisStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(counters: usize) -> Part {
+        Part {
+            keys: (0..counters).map(|i| format!("k{i}")).collect(),
+            args: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_request_whose_answer_makes_no_sense_fails_alone() {
+        let (one, two, three) = (part(1), part(1), part(2));
+        // now; request 1: admitted, 2 values but only 1 counter's worth plus junk (3 values
+        // framed); request 2: admitted, remaining 4, reset 10; request 3: refused, one counter
+        // allowed (2 values) and one over (-1 - 0, reset 5, retry 5).
+        let values = [
+            1_000,
+            1 + 2 * 3,
+            7,
+            8,
+            9,
+            1 + 2 * 2,
+            4,
+            10,
+            2 * 5,
+            3,
+            20,
+            -1,
+            5,
+            5,
+        ];
+        let replies = decode(&values, &[&one, &two, &three]).unwrap();
+        assert!(replies[0].is_err(), "three values for one counter");
+        let two = replies[1].as_ref().unwrap();
+        assert!(two.admitted);
+        assert_eq!(two.decisions[0].remaining, 4);
+        let three = replies[2].as_ref().unwrap();
+        assert!(!three.admitted);
+        assert_eq!(three.decisions[1].remaining, 0);
+        assert_eq!(three.decisions[1].retry_after, Some(5));
+    }
+
+    #[test]
+    fn frames_that_do_not_add_up_fail_the_whole_call_and_extreme_values_do_not_overflow() {
+        let one = part(1);
+        assert!(
+            decode(&[1_000, 1 + 2 * 5, 1], &[&one]).is_err(),
+            "frame past the end"
+        );
+        assert!(
+            decode(&[1_000, 1 + 2 * 2, 1, 1, 99], &[&one]).is_err(),
+            "values left over"
+        );
+        assert!(decode(&[], &[&one]).is_err());
+        // i64::MIN as "-1 - remaining" must not overflow.
+        let replies = decode(&[0, 2 * 3, i64::MIN, i64::MIN, i64::MIN], &[&one]).unwrap();
+        let decision = replies[0].as_ref().unwrap().decisions[0];
+        assert_eq!(decision.remaining, i64::MAX as u64);
+        assert_eq!(decision.reset_after, 0);
+        assert_eq!(decision.retry_after, None);
+    }
+}
