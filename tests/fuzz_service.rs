@@ -269,3 +269,93 @@ proptest! {
         );
     }
 }
+
+/// The shipped and fixture configs, the seeds of the config mutations.
+fn seed_configs() -> Vec<String> {
+    let mut seeds = vec![CONFIG.to_owned()];
+    for dir in [
+        "config",
+        "deploy/envoy/sluice-config",
+        "tests/fixtures/config/valid",
+    ] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            if entry
+                .path()
+                .extension()
+                .is_some_and(|e| e == "yaml" || e == "yml")
+            {
+                seeds.push(std::fs::read_to_string(entry.path()).unwrap());
+            }
+        }
+    }
+    seeds
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// A config edited by mistake (or by an attacker with write access to the ConfigMap):
+    /// bytes replaced, lines dropped or repeated, YAML's special characters inserted. Every
+    /// mutation loads or is refused with errors; none panics, and what loads answers.
+    #[test]
+    fn mutated_configs_load_or_are_refused_and_never_panic(
+        seed in 0usize..16,
+        edits in prop::collection::vec(
+            (any::<prop::sample::Index>(), prop_oneof![
+                prop::sample::select(vec![
+                    ":", "-", " ", "\n", "  ", "*", "&a", "*a", "!!str", "[", "]", "{", "}",
+                    "'", "\"", "#", "0", "-1", "4294967296", "~", "null", "? ", "|", ">",
+                    "key:", "value:", "descriptors:", "rate_limit:", "unit:", "requests_per_unit:",
+                    "unlimited: true", "replaces: [{name: x}]", "share_threshold: true",
+                    "algorithm: token_bucket", "burst: 0", "priorities: {a: 2}", "rate_limits: []",
+                    "failure_mode: x", "metadata: 1", "domain:", "\t", "\u{feff}", "é",
+                ]).prop_map(str::to_owned),
+                Just(String::new()),
+            ], any::<bool>()),
+            1..6,
+        ),
+    ) {
+        let seeds = seed_configs();
+        let mut text = seeds[seed % seeds.len()].clone();
+        for (at, insert, replace_line) in edits {
+            let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            if lines.is_empty() {
+                lines.push(String::new());
+            }
+            let i = at.index(lines.len());
+            if replace_line {
+                lines[i] = insert;
+            } else {
+                let line = &lines[i];
+                let mut cut = at.index(line.len() + 1);
+                while !line.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                lines[i] = format!("{}{insert}{}", &line[..cut], &line[cut..]);
+            }
+            text = lines.join("\n");
+        }
+        match load_sources(&[("mutated.yaml".into(), text.clone())], LoadOptions::default()) {
+            Ok(policy) => {
+                let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+                let limiter = Arc::new(Limiter::new(
+                    Arc::new(policy),
+                    Arc::new(store),
+                    LimiterOptions::default(),
+                ));
+                let rls = RlsService::new(limiter);
+                let request = RateLimitRequest {
+                    domain: "fuzz".into(),
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![Entry { key: "a".into(), value: "x".into() }],
+                        ..Default::default()
+                    }],
+                    hits_addend: 1,
+                };
+                runtime().block_on(async { check_answer(1, rls.answer(request, None).await) })?;
+            }
+            Err(errors) => prop_assert!(!errors.is_empty(), "refused without a reason: {text}"),
+        }
+    }
+}
