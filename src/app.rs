@@ -230,6 +230,11 @@ impl Prepared {
             .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
             .max_concurrent_streams(GRPC_MAX_STREAMS)
             .layer(ClientFaultsLayer::new(Some(self.metrics.clone())))
+            // Requests wait for a turn before their message is read, so at most this many
+            // messages (of at most 4 MiB each) are held at once.
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                self.settings.grpc_max_in_flight,
+            ))
             .add_service(health_service)
             .add_service(rls.clone().into_server());
         let grpc: std::pin::Pin<

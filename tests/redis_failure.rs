@@ -323,3 +323,47 @@ async fn callers_with_tiny_deadlines_cannot_open_the_breaker_for_everyone() {
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_in_flight_cap_wait_their_turn_and_are_all_answered() {
+    let redis = RedisServer::start();
+    let mut settings = Settings::for_tests(config_dir("in-flight", &[("open.yaml", OPEN)]));
+    settings.backend = Backend::Redis;
+    settings.redis = Some(RedisOptions {
+        connections: 1,
+        ..RedisOptions::new(redis.url(), RedisKind::Single)
+    });
+    let deadline = Duration::from_millis(300);
+    settings.resilience = ResilienceOptions {
+        deadline,
+        breaker_failures: 100,
+        ..ResilienceOptions::default()
+    };
+    settings.grpc_max_in_flight = 1;
+    let server = TestServer::start_with(settings).await;
+    let client = server.client().await;
+    redis.pause();
+    // Three requests at once, each held for the whole deadline by the paused Redis: with one
+    // in flight at a time they are answered one after the other, none refused.
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let mut client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            should_rate_limit(
+                &mut client,
+                request("open", vec![descriptor(&[("k", &format!("w{i}"))])]),
+            )
+            .await
+        }));
+    }
+    for task in tasks {
+        assert!(ok(&task.await.unwrap()), "answered by failure_mode: allow");
+    }
+    assert!(
+        started.elapsed() >= deadline * 3,
+        "three deadlines one after the other, not at once: {:?}",
+        started.elapsed()
+    );
+    redis.resume();
+}

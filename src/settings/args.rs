@@ -79,6 +79,11 @@ pub struct ServeArgs {
     #[arg(long, env = "GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub grpc_handshake_timeout: Duration,
 
+    /// gRPC requests answered at once, over all connections; more wait their turn (this
+    /// bounds the memory of requests being decoded: each holds at most its 4 MiB message)
+    #[arg(long, env = "GRPC_MAX_IN_FLIGHT", default_value = "1024")]
+    pub grpc_max_in_flight: usize,
+
     /// Counter store [default: redis when REDIS_URL is set, else memory]
     #[arg(long, env = "BACKEND_TYPE", value_enum, ignore_case = true)]
     pub backend: Option<Backend>,
@@ -433,6 +438,10 @@ impl ServeArgs {
                 self.max_descriptor_entries,
                 "--max-descriptor-entries (MAX_DESCRIPTOR_ENTRIES)",
             ),
+            (
+                self.grpc_max_in_flight,
+                "--grpc-max-in-flight (GRPC_MAX_IN_FLIGHT)",
+            ),
         ] {
             if value == 0 {
                 return Err(SettingsError {
@@ -556,6 +565,7 @@ impl ServeArgs {
                 max_connections: self.grpc_max_connections,
                 handshake_timeout: self.grpc_handshake_timeout,
             },
+            grpc_max_in_flight: self.grpc_max_in_flight,
             shutdown_grace: self.shutdown_grace,
             shutdown_delay: self.shutdown_delay,
             kubernetes: self.kubernetes_service_host.is_some(),

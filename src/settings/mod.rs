@@ -42,6 +42,8 @@ pub struct Settings {
     pub admin_connections: ConnectionLimits,
     /// Connection cap and handshake timeout of the gRPC listener.
     pub grpc_connections: ConnectionLimits,
+    /// gRPC requests answered at once; more wait their turn.
+    pub grpc_max_in_flight: usize,
     /// Where counters live.
     pub backend: Backend,
     /// Redis connection settings (with `Backend::Redis`).
@@ -141,6 +143,7 @@ impl Settings {
                 max_connections: 10_000,
                 handshake_timeout: Duration::from_secs(10),
             },
+            grpc_max_in_flight: 1024,
             backend: Backend::Memory,
             redis: None,
             resilience: ResilienceOptions::default(),
