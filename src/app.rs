@@ -85,6 +85,10 @@ impl Listeners {
     }
 }
 
+/// HTTP/2 flow-control windows of gRPC streams and connections, in bytes.
+const GRPC_STREAM_WINDOW: u32 = 64 * 1024;
+const GRPC_CONNECTION_WINDOW: u32 = 512 * 1024;
+
 /// Connections the kernel queues for each listener before Sluice accepts them.
 const LISTEN_BACKLOG: u32 = 1024;
 
@@ -229,6 +233,11 @@ impl Prepared {
             .http2_keepalive_interval(Some(GRPC_KEEPALIVE.0))
             .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
             .max_concurrent_streams(GRPC_MAX_STREAMS)
+            // What a client may send that is not read yet (requests waiting for their turn):
+            // HTTP/2's default per stream, and half a megabyte per connection instead of
+            // hyper's 1 MiB, plenty for requests of a few hundred bytes.
+            .initial_stream_window_size(Some(GRPC_STREAM_WINDOW))
+            .initial_connection_window_size(Some(GRPC_CONNECTION_WINDOW))
             .layer(ClientFaultsLayer::new(Some(self.metrics.clone())))
             // Requests wait for a turn before their message is read, so at most this many
             // messages (of at most 4 MiB each) are held at once.
