@@ -85,6 +85,9 @@ impl Listeners {
     }
 }
 
+/// The gRPC health service name of envoyproxy/ratelimit.
+const REFERENCE_HEALTH_NAME: &str = "ratelimit";
+
 /// HTTP/2 flow-control windows of gRPC streams and connections, in bytes.
 const GRPC_STREAM_WINDOW: u32 = 64 * 1024;
 const GRPC_CONNECTION_WINDOW: u32 = 512 * 1024;
@@ -314,6 +317,11 @@ impl Prepared {
         reporter
             .set_service_status("", ServingStatus::Serving)
             .await;
+        // The name the reference service registers its health under: Kubernetes gRPC probes
+        // and Envoy health checks written for it ask for `ratelimit`.
+        reporter
+            .set_service_status(REFERENCE_HEALTH_NAME, ServingStatus::Serving)
+            .await;
         reporter
             .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
             .await;
@@ -332,6 +340,9 @@ impl Prepared {
         health.set_serving(false);
         reporter
             .set_service_status("", ServingStatus::NotServing)
+            .await;
+        reporter
+            .set_service_status(REFERENCE_HEALTH_NAME, ServingStatus::NotServing)
             .await;
         reporter
             .set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()

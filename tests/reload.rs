@@ -340,14 +340,20 @@ async fn health_checks_fail_at_once_while_requests_are_still_served() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let grpc_health = health
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(grpc_health.status, ServingStatus::NotServing as i32);
+    for service in ["", "ratelimit"] {
+        let grpc_health = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            grpc_health.status,
+            ServingStatus::NotServing as i32,
+            "'{service}'"
+        );
+    }
     // Still answering during the delay.
     let r = should_rate_limit(&mut client, request("r", vec![descriptor(&[("k", "h")])])).await;
     assert_eq!(r.statuses[0].limit_remaining, 4);

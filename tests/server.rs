@@ -329,7 +329,12 @@ async fn grpc_health_is_serving() {
         .await
         .unwrap();
     let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    // "ratelimit": the name envoyproxy/ratelimit registers, which probes written for it ask.
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
         let r = health
             .check(HealthCheckRequest {
                 service: service.into(),
