@@ -9,6 +9,9 @@ use clap::Args;
 use super::parse::{parse_bool, parse_duration, resolve_addr};
 use super::*;
 
+/// The smallest over-limit cache, in bytes, whatever `LOCAL_CACHE_SIZE_IN_BYTES` asks (0 is off).
+const MIN_LOCAL_CACHE_BYTES: u64 = 512 * 1024;
+
 /// `sluice serve` flags.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -504,8 +507,13 @@ impl ServeArgs {
                 breaker_cooldown: self.redis_breaker_cooldown,
                 local_instances: self.failure_mode_local_instances,
             },
-            // About 128 bytes per entry: a key, an instant and the map's overhead.
-            local_cache_keys: (self.local_cache_size_in_bytes / 128) as usize,
+            // About 128 bytes per entry: a digest, the refusal and the map's overhead. Like the
+            // reference's cache library, never less than 512 KiB when on: a few hundred bytes
+            // would hold one refusal per shard and drop the rest.
+            local_cache_keys: match self.local_cache_size_in_bytes {
+                0 => 0,
+                bytes => (bytes.max(MIN_LOCAL_CACHE_BYTES) / 128) as usize,
+            },
             response: ResponseOptions {
                 retry_after: self.retry_after_header,
                 draft_headers: self.ratelimit_headers,

@@ -141,3 +141,16 @@ fn connection_bounds_default_like_the_tests_take_flags_and_refuse_zero() {
     let err = settings(&["--grpc-handshake-timeout", "0s"]).unwrap_err();
     assert!(err.to_string().contains("GRPC_HANDSHAKE_TIMEOUT"), "{err}");
 }
+
+#[test]
+fn a_tiny_local_cache_gets_the_reference_floor_and_zero_stays_off() {
+    let keys = |bytes: &str| {
+        settings(&["--local-cache-size-in-bytes", bytes])
+            .unwrap()
+            .local_cache_keys
+    };
+    // The reference's tests use 1000 bytes; its cache library allocates 512 KiB at least.
+    assert_eq!(keys("1000"), 512 * 1024 / 128);
+    assert_eq!(keys("0"), 0);
+    assert_eq!(keys("16777216"), 16_777_216 / 128);
+}
