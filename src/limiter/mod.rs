@@ -328,9 +328,14 @@ fn status(
 ) -> DescriptorStatus {
     let rule = described.rule;
     let shadow = rule.is_some_and(|r| r.shadow_mode);
+    // A refused decision reports 0 left, as the reference does, whatever the counter still
+    // holds for fewer hits (Envoy's X-RateLimit-Remaining on the 429 then says 0), shadow
+    // rules included (they report what the rule would have said).
     let remaining = |limit: &RateLimit, d: &Decision| {
-        let back = if d.allowed { uncharged } else { 0 };
-        d.remaining.saturating_add(back).min(u64::from(
+        if !d.allowed {
+            return 0;
+        }
+        d.remaining.saturating_add(uncharged).min(u64::from(
             limit.requests_per_unit.max(limit.burst.unwrap_or(0)),
         ))
     };

@@ -152,8 +152,9 @@ async fn hits_above_one_are_charged_whole_or_not_at_all() {
     let (limiter, _) = limiter();
     let r = check(&limiter, vec![descriptor(&[("user", "alice")], 2)]).await;
     assert_eq!(r.statuses[0].remaining, 1);
+    // Refused: the status says 0 left, as the reference's does, though 1 hit would fit.
     let r = check(&limiter, vec![descriptor(&[("user", "alice")], 2)]).await;
-    assert_eq!((r.code, r.statuses[0].remaining), (Code::OverLimit, 1));
+    assert_eq!((r.code, r.statuses[0].remaining), (Code::OverLimit, 0));
     let r = check(&limiter, one("user", "alice")).await;
     assert_eq!((r.code, r.statuses[0].remaining), (Code::Ok, 0));
 }
@@ -403,4 +404,16 @@ async fn priority_classes_share_one_counter_up_to_their_share() {
     // A release by any class frees capacity for everyone.
     limiter.check(&ask("critical", -3)).await.unwrap();
     assert_eq!(request("low").await, Code::Ok);
+}
+
+#[tokio::test]
+async fn a_shadow_rule_reports_what_it_would_have_said() {
+    let (limiter, _) = limiter();
+    // `shadow` allows 1 a minute: 2 hits on a fresh counter are over, reported OK with 0
+    // left (not the 1 the counter still holds).
+    let r = check(&limiter, vec![descriptor(&[("shadow", "s")], 2)]).await;
+    assert_eq!(
+        (r.code, r.statuses[0].code, r.statuses[0].remaining),
+        (Code::Ok, Code::Ok, 0)
+    );
 }
