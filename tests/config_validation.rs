@@ -510,3 +510,64 @@ fn validate_command_prints_every_error_and_exits_one() {
         );
     }
 }
+
+/// What Envoy Gateway writes: a top-level `name`, and several documents in one file.
+const GATEWAY: &str = r#"name: default/gateway-a
+domain: gateway-a
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 10}
+---
+name: default/gateway-b
+domain: gateway-b
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5}
+---
+"#;
+
+#[test]
+fn every_document_of_a_file_loads_and_a_top_level_name_is_accepted() {
+    let policy = config::load_sources(
+        &[("gateway.yaml".into(), GATEWAY.into())],
+        LoadOptions::default(),
+    )
+    .expect("Envoy Gateway's file loads");
+    assert!(policy.domain("gateway-a").is_some());
+    assert!(policy.domain("gateway-b").is_some());
+    // One document with a name, as the reference's key check allows.
+    let one = "name: only\ndomain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    assert!(
+        config::load_sources(&[("one.yaml".into(), one.into())], LoadOptions::default()).is_ok()
+    );
+}
+
+#[test]
+fn errors_in_a_document_name_the_file_and_the_config() {
+    let broken = GATEWAY.replace("unit: hour", "unit: fortnight");
+    let errors = errors_of_text(&[("gateway.yaml", &broken)], LoadOptions::default());
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(errors.len(), 1, "{text:?}");
+    assert!(
+        text[0].starts_with("gateway.yaml (default/gateway-b)")
+            && text[0].contains("invalid rate limit unit 'fortnight'"),
+        "{text:?}"
+    );
+    let unknown = GATEWAY.replace("domain: gateway-b", "domain: gateway-b\nratelimit: 1");
+    let errors = errors_of_text(&[("gateway.yaml", &unknown)], LoadOptions::default());
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert!(
+        text[0].starts_with("gateway.yaml (document 2)")
+            && text[0].contains("unknown key 'ratelimit'"),
+        "{text:?}"
+    );
+    // Two documents declaring one domain are a duplicate, like two files.
+    let twice = GATEWAY.replace("domain: gateway-b", "domain: gateway-a");
+    let errors = errors_of_text(&[("gateway.yaml", &twice)], LoadOptions::default());
+    assert!(
+        errors[0]
+            .to_string()
+            .contains("duplicate domain 'gateway-a'"),
+        "{errors:?}"
+    );
+}

@@ -15,7 +15,7 @@ use crate::store::FailureMode;
 
 /// Compiles parsed files, in order, into one policy.
 pub fn compile(
-    files: &[(&str, RawFile)],
+    files: &[(String, RawFile)],
     options: LoadOptions,
 ) -> Result<Policy, Vec<ConfigError>> {
     let mut domains: HashMap<String, (Domain, &str)> = HashMap::new();

@@ -83,10 +83,10 @@ pub fn load_sources(
     options: LoadOptions,
 ) -> Result<Policy, Vec<ConfigError>> {
     let mut errors = Vec::new();
-    let mut parsed = Vec::with_capacity(sources.len());
+    let mut parsed: Vec<(String, raw::RawFile)> = Vec::with_capacity(sources.len());
     for (name, text) in sources {
-        match parse_file(name, text) {
-            Ok(file) => parsed.push((name.as_str(), file)),
+        match parse_documents(name, text) {
+            Ok(mut files) => parsed.append(&mut files),
             Err(mut e) => errors.append(&mut e),
         }
     }
@@ -100,9 +100,60 @@ pub fn load_sources(
     }
 }
 
-/// Parses one file into its raw form, reporting every unknown key, or the parser's error.
-fn parse_file(name: &str, text: &str) -> Result<raw::RawFile, Vec<ConfigError>> {
+/// Parses every YAML document of a file (Envoy Gateway writes several, one domain each; the
+/// reference reads only the first), each named in messages by the file and, when it has one,
+/// its `name` (`rules.yaml (gateway-a)`), or its place in the file (`rules.yaml (document 2)`).
+fn parse_documents(
+    name: &str,
+    text: &str,
+) -> Result<Vec<(String, raw::RawFile)>, Vec<ConfigError>> {
+    use serde::Deserialize;
     limits::check(name, text).map_err(|e| vec![e])?;
+    let documents = serde_yaml::Deserializer::from_str(text)
+        .map(serde_yaml::Value::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| vec![ConfigError::parse(name, "error loading config file: ", &e)])?;
+    let label = |file: &raw::RawFile, index: usize, several: bool| match &file.name {
+        Some(config) if !config.is_empty() => format!("{name} ({config})"),
+        _ if several => format!("{name} (document {})", index + 1),
+        _ => name.to_owned(),
+    };
+    if documents.len() <= 1 {
+        // One document: parsed from the text, so that errors carry line and column.
+        let file = parse_file(name, text)?;
+        return Ok(vec![(label(&file, 0, false), file)]);
+    }
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    for (index, document) in documents.into_iter().enumerate() {
+        if document.is_null() {
+            continue; // an empty document between two `---`
+        }
+        let place = format!("{name} (document {})", index + 1);
+        let structural = raw::structure_errors(&document);
+        if !structural.is_empty() {
+            errors.extend(
+                structural
+                    .into_iter()
+                    .map(|e| ConfigError::at_path(&place, &e.path, e.message)),
+            );
+            continue;
+        }
+        match serde_yaml::from_value::<raw::RawFile>(document) {
+            Ok(file) => files.push((label(&file, index, true), file)),
+            Err(e) => errors.push(ConfigError::file(&place, e.to_string())),
+        }
+    }
+    if errors.is_empty() {
+        Ok(files)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Parses one document's text into its raw form, reporting every unknown key, or the
+/// parser's error.
+fn parse_file(name: &str, text: &str) -> Result<raw::RawFile, Vec<ConfigError>> {
     let value: serde_yaml::Value = serde_yaml::from_str(text)
         .map_err(|e| vec![ConfigError::parse(name, "error loading config file: ", &e)])?;
     if value.is_null() {

@@ -8,6 +8,9 @@ use serde_yaml::Value;
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawFile {
+    /// The config's name (Envoy Gateway writes one); named in error messages.
+    #[serde(default)]
+    pub name: Option<String>,
     /// The domain Envoy sends in `RateLimitRequest.domain`.
     #[serde(default)]
     pub domain: Option<String>,
@@ -101,7 +104,7 @@ pub struct RawReplaces {
     pub name: Option<String>,
 }
 
-const FILE_KEYS: &[&str] = &["domain", "descriptors", "failure_mode"];
+const FILE_KEYS: &[&str] = &["name", "domain", "descriptors", "failure_mode"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
