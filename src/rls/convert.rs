@@ -107,7 +107,9 @@ fn status_to_proto(status: &limiter::DescriptorStatus) -> DescriptorStatus {
             unit: unit_to_proto(l.unit) as i32,
         }),
         limit_remaining: status.remaining,
-        duration_until_reset: status.reset_after.map(duration_to_proto),
+        duration_until_reset: status
+            .reset_after
+            .map(|micros| whole_seconds(micros, status.code == Code::OverLimit)),
         quota: None,
     }
 }
@@ -116,6 +118,18 @@ fn code_to_proto(code: Code) -> rate_limit_response::Code {
     match code {
         Code::Ok => rate_limit_response::Code::Ok,
         Code::OverLimit => rate_limit_response::Code::OverLimit,
+    }
+}
+
+/// Microseconds as whole seconds, rounded up, as the reference sends them (`unit - now %
+/// unit`): Envoy's `X-RateLimit-Reset` reads only the seconds, so a fraction would make it say
+/// a second less, and 0 during a window's last second. A refusal says 1 at least, as its
+/// `retry-after` does.
+pub(crate) fn whole_seconds(micros: Micros, over: bool) -> Duration {
+    let seconds = micros.div_ceil(SECOND) as i64;
+    Duration {
+        seconds: if over { seconds.max(1) } else { seconds },
+        nanos: 0,
     }
 }
 

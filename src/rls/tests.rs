@@ -278,3 +278,20 @@ fn the_callers_grpc_timeout_is_read_and_nonsense_ignored() {
         None
     );
 }
+
+#[test]
+fn durations_until_reset_are_whole_seconds_rounded_up() {
+    use super::convert::whole_seconds as whole;
+    assert_eq!(
+        (
+            whole(12_300_000, false).seconds,
+            whole(12_300_000, false).nanos
+        ),
+        (13, 0)
+    );
+    assert_eq!(whole(60_000_000, false).seconds, 60);
+    assert_eq!(whole(0, false).seconds, 0);
+    // A refusal in the window's last instant still says 1, as retry-after does.
+    assert_eq!(whole(200, true).seconds, 1);
+    assert_eq!(whole(0, true).seconds, 1);
+}
