@@ -223,6 +223,8 @@ impl Prepared {
             tracing::warn!(limit = ?WARM_UP_LIMIT, "store not ready at startup; serving by failure_mode until it is");
         }
         let health = Arc::new(Health::default());
+        health.require_config(self.settings.require_config);
+        health.set_config_loaded(self.limiter.policy().domain_count() > 0);
         let drain = Drain::new();
         let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
             .with_metrics(self.metrics.clone());
@@ -314,18 +316,16 @@ impl Prepared {
         }
         let mut grpc = tokio::spawn(grpc);
         let mut http = tokio::spawn(http);
-        reporter
-            .set_service_status("", ServingStatus::Serving)
-            .await;
-        // The name the reference service registers its health under: Kubernetes gRPC probes
-        // and Envoy health checks written for it ask for `ratelimit`.
-        reporter
-            .set_service_status(REFERENCE_HEALTH_NAME, ServingStatus::Serving)
-            .await;
-        reporter
-            .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
-            .await;
         health.set_serving(true);
+        report_health(&reporter, &health).await;
+        if self.settings.require_config {
+            tokio::spawn(follow_config(
+                reporter.clone(),
+                health.clone(),
+                self.limiter.clone(),
+                drain.started(),
+            ));
+        }
         tracing::info!(grpc = %grpc_addr, http = %http_addr, "serving");
 
         tokio::select! {
@@ -338,15 +338,7 @@ impl Prepared {
         // 3. stop accepting and let in-flight requests finish within the grace period.
         tracing::info!(delay = ?self.settings.shutdown_delay, "shutting down: health checks now report not serving");
         health.set_serving(false);
-        reporter
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        reporter
-            .set_service_status(REFERENCE_HEALTH_NAME, ServingStatus::NotServing)
-            .await;
-        reporter
-            .set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
-            .await;
+        report_health(&reporter, &health).await;
         let hurry = self
             .hurry
             .unwrap_or_else(|| Box::pin(std::future::pending()));
@@ -367,5 +359,53 @@ impl Prepared {
             Err(_) => tracing::warn!("grace period over with requests still in flight; exiting"),
         }
         Ok(())
+    }
+}
+
+/// Sets the gRPC health of `""`, `ratelimit` (the name the reference service registers, which
+/// Kubernetes probes and Envoy health checks written for it ask) and the rate limit service to
+/// what `health` says.
+async fn report_health(reporter: &tonic_health::server::HealthReporter, health: &Health) {
+    let status = if health.is_serving() {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    for name in ["", REFERENCE_HEALTH_NAME] {
+        reporter.set_service_status(name, status).await;
+    }
+    type Rls = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>;
+    match status {
+        ServingStatus::Serving => reporter.set_serving::<Rls>().await,
+        _ => reporter.set_not_serving::<Rls>().await,
+    }
+}
+
+/// With `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: follows whether the policy in force has a
+/// domain (a reload may bring the first or take the last), until draining starts.
+async fn follow_config(
+    reporter: tonic_health::server::HealthReporter,
+    health: Arc<Health>,
+    limiter: Arc<Limiter>,
+    drain: impl Future<Output = ()>,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+    tokio::pin!(drain);
+    loop {
+        tokio::select! {
+            _ = &mut drain => return,
+            _ = tick.tick() => {}
+        }
+        let loaded = limiter.policy().domain_count() > 0;
+        // Unchanged: loaded exactly when the health no longer waits for a config.
+        if loaded != health.waits_for_config() {
+            continue;
+        }
+        health.set_config_loaded(loaded);
+        tracing::info!(
+            loaded,
+            "rate limit config with a domain in force: health follows"
+        );
+        report_health(&reporter, &health).await;
     }
 }

@@ -3,10 +3,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether the process accepts work: ready once the policy is loaded and servers are bound,
-/// not ready again from the moment it starts draining.
+/// not ready again from the moment it starts draining. With
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, also not ready while the policy in force has
+/// no domain.
 #[derive(Debug, Default)]
 pub struct Health {
     serving: AtomicBool,
+    needs_config: AtomicBool,
+    has_config: AtomicBool,
 }
 
 impl Health {
@@ -15,8 +19,53 @@ impl Health {
         self.serving.store(serving, Ordering::SeqCst);
     }
 
-    /// Whether the process is ready and not draining.
+    /// Requires a policy with at least one domain before the process reports ready.
+    pub fn require_config(&self, required: bool) {
+        self.needs_config.store(required, Ordering::SeqCst);
+    }
+
+    /// Records whether the policy in force has at least one domain.
+    pub fn set_config_loaded(&self, loaded: bool) {
+        self.has_config.store(loaded, Ordering::SeqCst);
+    }
+
+    /// Whether the process is ready and not draining (and, where required, has a config).
     pub fn is_serving(&self) -> bool {
-        self.serving.load(Ordering::SeqCst)
+        self.serving.load(Ordering::SeqCst) && !self.waits_for_config()
+    }
+
+    /// Whether readiness waits for a config with at least one domain.
+    pub fn waits_for_config(&self) -> bool {
+        self.needs_config.load(Ordering::SeqCst) && !self.has_config.load(Ordering::SeqCst)
+    }
+
+    /// Why the process is not ready, for health check bodies.
+    pub fn reason(&self) -> &'static str {
+        if !self.serving.load(Ordering::SeqCst) {
+            "draining"
+        } else if self.waits_for_config() {
+            "no rate limit config loaded"
+        } else {
+            "ok"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Health;
+
+    #[test]
+    fn a_required_config_keeps_the_process_unready_until_it_is_loaded() {
+        let health = Health::default();
+        health.set_serving(true);
+        assert!(health.is_serving());
+        health.require_config(true);
+        assert!(!health.is_serving());
+        assert_eq!(health.reason(), "no rate limit config loaded");
+        health.set_config_loaded(true);
+        assert!(health.is_serving());
+        health.set_serving(false);
+        assert_eq!(health.reason(), "draining");
     }
 }

@@ -359,3 +359,60 @@ async fn health_checks_fail_at_once_while_requests_are_still_served() {
     assert_eq!(r.statuses[0].limit_remaining, 4);
     stopping.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_healthy_with_at_least_one_config_loaded_health_waits_for_a_domain() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let dir = config_dir("needs-config", &[]);
+    let mut settings = Settings::for_tests(&dir);
+    settings.require_config = true;
+    let server = TestServer::start_unready(settings).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let health = HealthClient::new(channel);
+    let grpc_status = |service: &'static str| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+        }
+    };
+    // An empty directory: no domain in force, so unhealthy everywhere.
+    assert_eq!(
+        http_get(server.http_addr, "/healthcheck").await.unwrap(),
+        (503, "no rate limit config loaded".to_owned())
+    );
+    assert_eq!(
+        grpc_status("ratelimit").await,
+        ServingStatus::NotServing as i32
+    );
+    // The first domain arrives: healthy, on both.
+    write(&dir, "r.yaml", FIVE);
+    let started = Instant::now();
+    while http_get(server.http_addr, "/healthcheck").await.unwrap().0 != 200 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never healthy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    while grpc_status("").await != ServingStatus::Serving as i32 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "gRPC health never serving"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        grpc_status("ratelimit").await,
+        ServingStatus::Serving as i32
+    );
+}

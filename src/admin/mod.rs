@@ -94,7 +94,7 @@ async fn healthcheck(State(state): State<AdminState>) -> Response {
     if state.health.is_serving() {
         (StatusCode::OK, "OK").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, state.health.reason()).into_response()
     }
 }
 

@@ -194,6 +194,12 @@ pub struct ServeArgs {
     #[arg(long, env = "MAX_DESCRIPTOR_ENTRIES", default_value = "16")]
     pub max_descriptor_entries: usize,
 
+    /// Report unhealthy (/healthcheck, /ready, gRPC health) until a config with at least one
+    /// domain is in force
+    #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub healthy_with_at_least_one_config_loaded: bool,
+
     /// Merge config files that declare the same domain instead of rejecting them
     #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
@@ -535,6 +541,7 @@ impl ServeArgs {
                 max_entries: self.max_descriptor_entries,
             },
             merge_domains: self.merge_domain_config,
+            require_config: self.healthy_with_at_least_one_config_loaded,
             config_watch_interval: self.config_watch_interval,
             memory: MemoryOptions {
                 max_keys: self.memory_max_keys,

@@ -58,6 +58,9 @@ pub struct Settings {
     pub limiter: LimiterOptions,
     /// Merge files declaring the same domain.
     pub merge_domains: bool,
+    /// Unhealthy until a config with at least one domain is in force
+    /// (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub require_config: bool,
     /// How often the config directory is checked for changes (0: only on SIGHUP).
     pub config_watch_interval: Duration,
     /// In-memory store limits.
@@ -151,6 +154,7 @@ impl Settings {
             response: ResponseOptions::default(),
             limiter: LimiterOptions::default(),
             merge_domains: false,
+            require_config: false,
             config_watch_interval: Duration::from_millis(200),
             memory: MemoryOptions::default(),
             near_limit_ratio: 0.8,

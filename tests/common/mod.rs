@@ -60,6 +60,24 @@ impl TestServer {
 
     /// Starts a server with `settings` (its addresses are ignored: port 0 on loopback).
     pub async fn start_with(settings: Settings) -> Self {
+        let server = Self::spawn(settings).await;
+        server.wait_ready().await;
+        server
+    }
+
+    /// Starts a server and waits only until its admin port answers (ready or not).
+    pub async fn start_unready(settings: Settings) -> Self {
+        let server = Self::spawn(settings).await;
+        for _ in 0..500 {
+            if http_get(server.http_addr, "/healthcheck").await.is_ok() {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("server never answered");
+    }
+
+    async fn spawn(settings: Settings) -> Self {
         let listeners = Listeners {
             grpc: TcpListener::bind("127.0.0.1:0").await.unwrap(),
             http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
@@ -72,14 +90,12 @@ impl TestServer {
         let task = tokio::spawn(prepared.serve(listeners, async {
             let _ = stopped.await;
         }));
-        let server = Self {
+        Self {
             grpc_addr,
             http_addr,
             stop: Some(stop),
             task: Some(task),
-        };
-        server.wait_ready().await;
-        server
+        }
     }
 
     async fn wait_ready(&self) {
