@@ -526,11 +526,8 @@ fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
     while !value.is_char_boundary(end) {
         end -= 1;
     }
-    let digest = ring::digest::digest(&ring::digest::SHA256, value.as_bytes());
     let mut out = format!("{}~", &value[..end]);
-    for byte in &digest.as_ref()[..8] {
-        out.push_str(&format!("{byte:02x}"));
-    }
+    crate::store::push_sha256_hex(&mut out, value, 8);
     out.into()
 }
 

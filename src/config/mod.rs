@@ -109,7 +109,7 @@ fn parse_documents(
 ) -> Result<Vec<(String, raw::RawFile)>, Vec<ConfigError>> {
     use serde::Deserialize;
     limits::check(name, text).map_err(|e| vec![e])?;
-    let documents = serde_yaml::Deserializer::from_str(text)
+    let mut documents = serde_yaml::Deserializer::from_str(text)
         .map(serde_yaml::Value::deserialize)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| vec![ConfigError::parse(name, "error loading config file: ", &e)])?;
@@ -119,8 +119,9 @@ fn parse_documents(
         _ => name.to_owned(),
     };
     if documents.len() <= 1 {
-        // One document: parsed from the text, so that errors carry line and column.
-        let file = parse_file(name, text)?;
+        // One document: deserialized from the text, so that errors carry line and column.
+        let value = documents.pop().unwrap_or(serde_yaml::Value::Null);
+        let file = parse_file(name, text, &value)?;
         return Ok(vec![(label(&file, 0, false), file)]);
     }
     let mut files = Vec::new();
@@ -151,16 +152,18 @@ fn parse_documents(
     }
 }
 
-/// Parses one document's text into its raw form, reporting every unknown key, or the
-/// parser's error.
-fn parse_file(name: &str, text: &str) -> Result<raw::RawFile, Vec<ConfigError>> {
-    let value: serde_yaml::Value = serde_yaml::from_str(text)
-        .map_err(|e| vec![ConfigError::parse(name, "error loading config file: ", &e)])?;
+/// Parses one document's text (already read as `value`) into its raw form, reporting every
+/// unknown key, or the parser's error.
+fn parse_file(
+    name: &str,
+    text: &str,
+    value: &serde_yaml::Value,
+) -> Result<raw::RawFile, Vec<ConfigError>> {
     if value.is_null() {
         // An empty file: the reference reports its (missing) domain.
         return Ok(raw::RawFile::default());
     }
-    let structural = raw::structure_errors(&value);
+    let structural = raw::structure_errors(value);
     let parse_error = match serde_yaml::from_str::<raw::RawFile>(text) {
         Ok(file) if structural.is_empty() => return Ok(file),
         Ok(_) => None,

@@ -60,13 +60,19 @@ impl fmt::Display for CounterKey {
 /// Parts longer than this many bytes are written as their digest.
 pub const LONG_PART: usize = 128;
 
+/// Appends the first `bytes` bytes of `text`'s SHA-256 to `out`, in hex: a short name for a
+/// long text that every instance computes alike and no one can aim at another's.
+pub(crate) fn push_sha256_hex(out: &mut String, text: &str, bytes: usize) {
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    for byte in &digest.as_ref()[..bytes] {
+        let _ = write!(out, "{byte:02x}");
+    }
+}
+
 fn escape_into(out: &mut String, part: &str) {
     if part.len() > LONG_PART {
-        let digest = ring::digest::digest(&ring::digest::SHA256, part.as_bytes());
         out.push_str("\\#");
-        for byte in &digest.as_ref()[..16] {
-            let _ = write!(out, "{byte:02x}");
-        }
+        push_sha256_hex(out, part, 16);
         return;
     }
     if !part.contains(['|', '=', '\\']) {

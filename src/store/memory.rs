@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use super::{Applied, Batch, BoxFuture, CounterKey, Store, StoreError, StoreStatus, admitted};
+use super::{Applied, Batch, BoxFuture, Store, StoreError, StoreStatus, admitted};
 use crate::algorithm::{
     self, Algorithm, Micros, SECOND, State, Transition, concurrency, fixed_window, sliding_window,
     token_bucket,
@@ -185,7 +185,11 @@ impl MemoryStore {
     fn apply_now(&self, batch: &Batch) -> Applied {
         let shared = &*self.shared;
         let now = shared.clock.now();
-        let digests: Vec<Digest> = batch.ops.iter().map(|op| shared.digest(&op.key)).collect();
+        let digests: Vec<Digest> = batch
+            .ops
+            .iter()
+            .map(|op| shared.digester.digest(&op.key))
+            .collect();
         let shard_of: Vec<usize> = digests.iter().map(|d| shared.shard_index(d)).collect();
         let mut order = shard_of.clone();
         order.sort_unstable();
@@ -229,9 +233,9 @@ impl MemoryStore {
                 pending.push(i, digests[i], t);
             }
         }
-        for (i, t) in pending.latest() {
+        for (i, key, t) in pending.latest() {
             let hits = batch.ops[i].hits;
-            shared.store(&mut guards[guard_of(i)], digests[i], t, hits, now);
+            shared.store(&mut guards[guard_of(i)], key, t, hits, now);
         }
         Applied {
             decisions,
@@ -247,11 +251,11 @@ impl MemoryStore {
 /// and indexed once there are more (a wide request stays linear, not quadratic).
 #[derive(Default)]
 struct Pending {
-    charges: Vec<(usize, Transition)>,
+    /// Operation index, counter and decided transition of every charge, in order.
+    charges: Vec<(usize, Digest, Transition)>,
     /// Key → position in `charges` of its latest charge, once there are more than
     /// [`Pending::SCAN`].
     index: Option<HashMap<Digest, usize, BuildHasherDefault<DigestHasher>>>,
-    keys: Vec<Digest>,
 }
 
 impl Pending {
@@ -260,25 +264,24 @@ impl Pending {
     fn state(&self, key: Digest) -> Option<State> {
         let at = match &self.index {
             Some(index) => index.get(&key).copied(),
-            None => self.keys.iter().rposition(|k| *k == key),
+            None => self.charges.iter().rposition(|(_, k, _)| *k == key),
         };
-        at.map(|at| self.charges[at].1.next)
+        at.map(|at| self.charges[at].2.next)
     }
 
     fn push(&mut self, op: usize, key: Digest, t: Transition) {
         let at = self.charges.len();
-        self.charges.push((op, t));
-        self.keys.push(key);
+        self.charges.push((op, key, t));
         match &mut self.index {
             Some(index) => {
                 index.insert(key, at);
             }
-            None if self.keys.len() > Self::SCAN => {
+            None if self.charges.len() > Self::SCAN => {
                 let index = self
-                    .keys
+                    .charges
                     .iter()
                     .enumerate()
-                    .map(|(at, k)| (*k, at))
+                    .map(|(at, (_, k, _))| (*k, at))
                     .collect();
                 self.index = Some(index);
             }
@@ -287,7 +290,7 @@ impl Pending {
     }
 
     /// Every charge in order; a key charged twice ends with its latest state.
-    fn latest(self) -> impl Iterator<Item = (usize, Transition)> {
+    fn latest(self) -> impl Iterator<Item = (usize, Digest, Transition)> {
         self.charges.into_iter()
     }
 }
@@ -326,10 +329,6 @@ impl Store for MemoryStore {
 // === impl Shared ===
 
 impl Shared {
-    fn digest(&self, key: &CounterKey) -> Digest {
-        self.digester.digest(key)
-    }
-
     fn shard_index(&self, digest: &Digest) -> usize {
         // The second word: the first one picks the bucket inside the shard.
         (digest.0[1] % self.shards.len() as u64) as usize

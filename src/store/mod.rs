@@ -20,6 +20,7 @@ use std::pin::Pin;
 
 pub use batch::{Applied, Batch, CounterOp, FailureMode, Role, admitted};
 pub use key::CounterKey;
+pub(crate) use key::push_sha256_hex;
 pub use memory::MemoryStore;
 pub use overlimit::OverLimitCache;
 pub use redis::RedisStore;

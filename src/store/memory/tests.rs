@@ -1,7 +1,7 @@
 use super::*;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::ManualClock;
-use crate::store::{CounterOp, FailureMode, Role};
+use crate::store::{CounterKey, CounterOp, FailureMode, Role};
 
 const PER_MINUTE_2: Limit = Limit {
     requests: 2,
