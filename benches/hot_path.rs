@@ -10,7 +10,9 @@ use sluice::clock::SystemClock;
 use sluice::config::{LoadOptions, load_sources};
 use sluice::limiter::{Descriptor, Entry, Limiter, LimiterOptions, Request};
 use sluice::store::memory::MemoryOptions;
-use sluice::store::{Batch, CounterKey, CounterOp, FailureMode, MemoryStore, Role, Store};
+use sluice::store::{
+    Admission, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, Role, Store,
+};
 
 const CONFIG: &str = r#"
 domain: bench
@@ -95,7 +97,7 @@ fn memory_store(c: &mut Criterion) {
                     role: Role::Enforce,
                     failure_mode: FailureMode::Allow,
                 }],
-                always_admit: false,
+                admission: Admission::ByRule,
                 deadline: None,
             })
             .collect();
@@ -109,7 +111,7 @@ fn memory_store(c: &mut Criterion) {
                     role: Role::Enforce,
                     failure_mode: FailureMode::Allow,
                 }],
-                always_admit: false,
+                admission: Admission::ByRule,
                 deadline: None,
             };
             runtime.block_on(store.apply(&batch)).unwrap();
@@ -203,7 +205,7 @@ fn memory_store_algorithms(c: &mut Criterion) {
                 role: Role::Enforce,
                 failure_mode: FailureMode::Allow,
             }],
-            always_admit: false,
+            admission: Admission::ByRule,
             deadline: None,
         };
         group.bench_function(algorithm.as_str(), |b| {

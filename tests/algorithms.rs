@@ -12,7 +12,8 @@ use sluice::clock::{Clock, ManualClock};
 use sluice::store::memory::MemoryOptions;
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::{
-    Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store, join_all,
+    Admission, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store,
+    join_all,
 };
 
 const MINUTE: Micros = 60 * SECOND;
@@ -226,7 +227,7 @@ impl<S: Store> Decider for WithClock<S> {
         };
         let batch = Batch {
             ops: vec![op],
-            always_admit: false,
+            admission: Admission::ByRule,
             deadline: None,
         };
         self.store.apply(&batch).await.unwrap().decisions[0]
@@ -404,7 +405,11 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
                         }
                     })
                     .collect(),
-                always_admit: rng.below(10) == 0,
+                admission: if rng.below(10) == 0 {
+                    Admission::Always
+                } else {
+                    Admission::ByRule
+                },
                 deadline: None,
             })
             .collect();

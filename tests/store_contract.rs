@@ -13,7 +13,8 @@ use sluice::clock::SystemClock;
 use sluice::store::memory::MemoryOptions;
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::{
-    Applied, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store,
+    Admission, Applied, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role,
+    Store,
 };
 
 const HOUR: u64 = 3600 * SECOND;
@@ -46,7 +47,7 @@ async fn apply(store: &dyn Store, ops: Vec<CounterOp>) -> Applied {
     store
         .apply(&Batch {
             ops,
-            always_admit: false,
+            admission: Admission::ByRule,
             deadline: None,
         })
         .await
@@ -222,7 +223,7 @@ async fn always_admit_charges_what_fits(store: &dyn Store) {
                 op(&ns, "closed", 0, 1, Role::Enforce),
                 op(&ns, "a", 5, 1, Role::Enforce),
             ],
-            always_admit: true,
+            admission: Admission::Always,
             deadline: None,
         })
         .await
@@ -230,6 +231,28 @@ async fn always_admit_charges_what_fits(store: &dyn Store) {
     assert!(applied.admitted);
     assert!(!applied.decisions[0].allowed);
     assert_eq!(remaining(store, &ns, "a", 5).await, 4);
+}
+
+async fn never_admit_decides_with_the_hits_and_charges_nothing(store: &dyn Store) {
+    let ns = namespace("never");
+    let applied = store
+        .apply(&Batch {
+            ops: vec![
+                op(&ns, "a", 5, 2, Role::Enforce),
+                op(&ns, "b", 5, 6, Role::Enforce),
+            ],
+            admission: Admission::Never,
+            deadline: None,
+        })
+        .await
+        .unwrap();
+    assert!(!applied.admitted);
+    // Decided as with the usual rule: 2 of 5 fit (3 would be left), 6 do not.
+    assert!(applied.decisions[0].allowed);
+    assert_eq!(applied.decisions[0].remaining, 3);
+    assert!(!applied.decisions[1].allowed);
+    assert_eq!(remaining(store, &ns, "a", 5).await, 5);
+    assert_eq!(remaining(store, &ns, "b", 5).await, 5);
 }
 
 async fn more_hits_than_the_limit_never_pass(store: &dyn Store) {
@@ -273,6 +296,7 @@ async fn run_all(store: &dyn Store) {
     zero_hits_peek(store).await;
     shadow_and_quota_roles(store).await;
     always_admit_charges_what_fits(store).await;
+    never_admit_decides_with_the_hits_and_charges_nothing(store).await;
     more_hits_than_the_limit_never_pass(store).await;
     windows_end_on_unit_boundaries(store).await;
 }
@@ -330,7 +354,7 @@ async fn redis_reloads_its_script_after_a_restart() {
         match store
             .apply(&Batch {
                 ops: vec![op(&ns, "a", 5, 1, Role::Enforce)],
-                always_admit: false,
+                admission: Admission::ByRule,
                 deadline: None,
             })
             .await

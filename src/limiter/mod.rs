@@ -16,7 +16,7 @@ pub use types::{
 
 use crate::algorithm::{Algorithm, Decision};
 use crate::policy::{Domain, EntryRef, MetaValue, Policy, RateLimit, Rule, RuleLimit, merge_into};
-use crate::store::{Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError};
+use crate::store::{Admission, Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError};
 
 /// `limit_remaining` reported for `unlimited` rules, as the reference service does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -151,7 +151,11 @@ impl Limiter {
 
         let mut batch = Batch {
             ops: Vec::with_capacity(plans.len()),
-            always_admit: self.options.shadow_mode,
+            admission: if self.options.shadow_mode {
+                Admission::Always
+            } else {
+                Admission::ByRule
+            },
             deadline,
         };
         // Under the global QUOTA_MODE a descriptor without a limit is a quota descriptor that

@@ -57,11 +57,26 @@ impl FailureMode {
 pub struct Batch {
     /// Operations, in request order.
     pub ops: Vec<CounterOp>,
-    /// Admit whatever the decisions (global shadow mode answers OK, so it charges).
-    pub always_admit: bool,
+    /// Whether the request may be admitted (and so charged).
+    pub admission: Admission,
     /// When the caller stops waiting (its gRPC deadline), if it said: a shared store's answer
     /// after that is worth nothing to it, so the failure policy answers before.
     pub deadline: Option<std::time::Instant>,
+}
+
+/// Which requests a batch admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// By [`admitted`]: no enforced operation over the limit, and not every quota one.
+    #[default]
+    ByRule,
+    /// Whatever the decisions (global shadow mode answers OK, so it charges).
+    Always,
+    /// Never: every decision is made with the operation's hits, as for any request, and
+    /// nothing is charged but what a rejected request charges too (refunds, concurrency
+    /// acquisitions). The over-limit cache asks this for the other counters of a request it
+    /// rejects, so that their statuses are the store's.
+    Never,
 }
 
 /// The result of applying a batch.
@@ -81,9 +96,11 @@ pub struct Applied {
 ///
 /// Every store applies this same rule (the Redis scripts mirror it): any enforced operation
 /// over the limit rejects the request; quota operations reject it only all together.
-pub fn admitted(ops: &[CounterOp], decisions: &[Decision], always_admit: bool) -> bool {
-    if always_admit {
-        return true;
+pub fn admitted(ops: &[CounterOp], decisions: &[Decision], admission: Admission) -> bool {
+    match admission {
+        Admission::Always => return true,
+        Admission::Never => return false,
+        Admission::ByRule => {}
     }
     let mut quota_seen = false;
     let mut quota_all_over = true;

@@ -215,7 +215,7 @@ impl MemoryStore {
             }
         }
 
-        let admitted = admitted(&batch.ops, &decisions, batch.always_admit);
+        let admitted = admitted(&batch.ops, &decisions, batch.admission);
         if !admitted {
             // Nothing is charged, but refunds still return what earlier requests took (and
             // concurrency acquisitions count: their releases will come).

@@ -18,7 +18,7 @@ pub mod resilient;
 use std::future::Future;
 use std::pin::Pin;
 
-pub use batch::{Applied, Batch, CounterOp, FailureMode, Role, admitted};
+pub use batch::{Admission, Applied, Batch, CounterOp, FailureMode, Role, admitted};
 pub use key::CounterKey;
 pub(crate) use key::push_sha256_hex;
 pub use memory::MemoryStore;

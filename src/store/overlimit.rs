@@ -1,7 +1,9 @@
 //! The local over-limit cache (the reference service's `LOCAL_CACHE_SIZE_IN_BYTES`): once
-//! the store rejects a counter until `t`, this instance answers requests that need that
-//! counter from memory until `t`, without a store round trip. Hot abusive keys then cost
-//! nothing, which is when the store is most loaded.
+//! the store rejects a counter until `t`, this instance rejects requests that need that
+//! counter until `t` without the store deciding them. A request carrying only such counters
+//! costs no store round trip: hot abusive keys then cost nothing, which is when the store is
+//! most loaded. The other counters of a request are read in one call that charges nothing,
+//! so that every status is the one the store would give.
 //!
 //! Only enforced counters are cached (a shadow or quota counter alone does not reject a
 //! request), only real store answers (not failure-mode ones), and a refund through this
@@ -17,7 +19,9 @@ use std::sync::{Arc, Mutex};
 
 use super::digest::{Digest, DigestHasher, Digester};
 use super::resilient::LateAnswers;
-use super::{Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus};
+use super::{
+    Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus,
+};
 use crate::algorithm::{Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
@@ -90,54 +94,77 @@ impl OverLimitCache {
         let refusals = &self.refusals;
         let now = refusals.clock.now();
         // A request with an enforced counter known to be over is rejected; rejected
-        // requests charge nothing, so the store need not be asked at all.
-        let cached = if batch.always_admit || batch.ops.iter().any(|op| op.hits < 0) {
-            None // global shadow mode admits anyway; refunds must reach the store
-        } else {
-            batch.ops.iter().find_map(|op| {
-                cacheable(op)
-                    .then(|| refusals.over_until(op, now))
-                    .flatten()
-                    .map(|until| (&op.key, until))
-            })
-        };
-        if let Some((over_key, until)) = cached {
-            let decisions = batch
-                .ops
-                .iter()
-                .map(|op| {
-                    let reset_after = op.limit.window_left(now);
-                    if op.key == *over_key {
-                        Decision {
-                            allowed: false,
-                            remaining: 0,
-                            reset_after: reset_after.max(until - now),
-                            retry_after: Some(until - now),
-                        }
-                    } else {
-                        // Not asked: what the store would say is unknown; nothing is charged.
-                        Decision {
-                            allowed: true,
-                            remaining: op.limit.requests,
-                            reset_after,
-                            retry_after: None,
-                        }
-                    }
+        // requests charge nothing, so the store need not decide it.
+        let cached =
+            if batch.admission != Admission::ByRule || batch.ops.iter().any(|op| op.hits < 0) {
+                None // global shadow mode admits anyway; refunds must reach the store
+            } else {
+                batch.ops.iter().find_map(|op| {
+                    cacheable(op)
+                        .then(|| refusals.over_until(op, now))
+                        .flatten()
+                        .map(|until| (&op.key, until))
                 })
-                .collect();
-            return Ok(Applied {
-                decisions,
-                admitted: false,
-                degraded: false,
-                from_cache: true,
-            });
+            };
+        let Some((over_key, until)) = cached else {
+            let applied = self.inner.apply(batch).await?;
+            if !applied.degraded {
+                refusals.learn(batch, &applied, now);
+            }
+            return Ok(applied);
+        };
+        let refused = Decision {
+            allowed: false,
+            remaining: 0,
+            reset_after: 0,
+            retry_after: Some(until - now),
+        };
+        let mut decisions: Vec<Decision> = batch
+            .ops
+            .iter()
+            .map(|op| Decision {
+                reset_after: op.limit.window_left(now).max(until - now),
+                ..refused
+            })
+            .collect();
+        // The other counters' statuses are the store's: it reads them as for a rejected
+        // request (nothing charged) in one call, which a request carrying only the cached
+        // key does not need, so a flood on a hot abusive key still costs no round trip.
+        let others: Vec<usize> = (0..batch.ops.len())
+            .filter(|&i| batch.ops[i].key != *over_key)
+            .collect();
+        if !others.is_empty() {
+            let read = Batch {
+                ops: others.iter().map(|&i| batch.ops[i].clone()).collect(),
+                admission: Admission::Never,
+                deadline: batch.deadline,
+            };
+            match self.inner.apply(&read).await {
+                Ok(applied) => {
+                    for (&i, decision) in others.iter().zip(applied.decisions) {
+                        decisions[i] = decision;
+                    }
+                }
+                // The refusal stands; the other counters are reported as unknown (all left).
+                Err(_) => {
+                    for &i in &others {
+                        let limit = &batch.ops[i].limit;
+                        decisions[i] = Decision {
+                            allowed: true,
+                            remaining: limit.requests,
+                            reset_after: limit.window_left(now),
+                            retry_after: None,
+                        };
+                    }
+                }
+            }
         }
-
-        let applied = self.inner.apply(batch).await?;
-        if !applied.degraded {
-            refusals.learn(batch, &applied, now);
-        }
-        Ok(applied)
+        Ok(Applied {
+            decisions,
+            admitted: false,
+            degraded: false,
+            from_cache: true,
+        })
     }
 }
 

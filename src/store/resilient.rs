@@ -227,7 +227,7 @@ impl Resilient {
             }
             let local_batch = Batch {
                 ops: local_ops,
-                always_admit: batch.always_admit,
+                admission: batch.admission,
                 deadline: None,
             };
             let applied = self.local.apply(&local_batch).await?;
@@ -237,7 +237,7 @@ impl Resilient {
         }
         let decisions: Vec<Decision> = decisions.into_iter().flatten().collect();
         Ok(Applied {
-            admitted: admitted(&batch.ops, &decisions, batch.always_admit),
+            admitted: admitted(&batch.ops, &decisions, batch.admission),
             decisions,
             degraded: true,
             from_cache: false,

@@ -1,7 +1,7 @@
 use super::*;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::ManualClock;
-use crate::store::{CounterKey, CounterOp, FailureMode, Role};
+use crate::store::{Admission, CounterKey, CounterOp, FailureMode, Role};
 
 const PER_MINUTE_2: Limit = Limit {
     requests: 2,
@@ -31,7 +31,7 @@ fn op(name: &str, hits: i64) -> CounterOp {
 fn apply(store: &MemoryStore, ops: Vec<CounterOp>) -> Applied {
     store.apply_now(&Batch {
         ops,
-        always_admit: false,
+        admission: Admission::ByRule,
         deadline: None,
     })
 }
@@ -120,7 +120,7 @@ async fn concurrent_requests_never_admit_more_than_the_limit() {
                         role: Role::Enforce,
                         failure_mode: FailureMode::Allow,
                     }],
-                    always_admit: false,
+                    admission: Admission::ByRule,
                     deadline: None,
                 };
                 admitted += u32::from(store.apply(&batch).await.unwrap().admitted);

@@ -23,7 +23,8 @@ use connect::{ConnHandle, Connector};
 pub use connect::{RedisKind, RedisOptions};
 
 use super::{
-    Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted, join_all,
+    Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus,
+    admitted, join_all,
 };
 use crate::algorithm::{self, Algorithm, Decision, Micros};
 use crate::clock::Clock;
@@ -63,7 +64,8 @@ struct Shared {
 /// One request's share of a script call: its keys and arguments (see `lua/batch.lua`).
 struct Part {
     keys: Vec<String>,
-    /// Admit-always flag, number of counters, then seven values per counter.
+    /// Admission (0 by rule, 1 always, 2 never), number of counters, then seven values per
+    /// counter.
     args: Vec<i64>,
 }
 
@@ -102,13 +104,18 @@ impl RedisStore {
     fn part(
         &self,
         ops: &[&CounterOp],
-        always_admit: bool,
+        admission: Admission,
         quota_as_shadow: bool,
         guards: Option<&[i64]>,
     ) -> Part {
         let prefix = &self.shared.prefix;
         let mut args = Vec::with_capacity(2 + 7 * ops.len());
-        args.extend([i64::from(always_admit), ops.len() as i64]);
+        let admission = match admission {
+            Admission::ByRule => 0,
+            Admission::Always => 1,
+            Admission::Never => 2,
+        };
+        args.extend([admission, ops.len() as i64]);
         let keys = ops
             .iter()
             .enumerate()
@@ -149,11 +156,11 @@ impl RedisStore {
     async fn call(
         &self,
         ops: &[&CounterOp],
-        always_admit: bool,
+        admission: Admission,
         quota_as_shadow: bool,
         guards: Option<&[i64]>,
     ) -> Result<Reply, StoreError> {
-        let part = self.part(ops, always_admit, quota_as_shadow, guards);
+        let part = self.part(ops, admission, quota_as_shadow, guards);
         let values = self.shared.invoke(&[&part]).await?;
         decode(&values, &[&part])?
             .pop()
@@ -173,7 +180,7 @@ impl RedisStore {
             // One call per request at most; requests that arrive while a call is in flight
             // go together in the next.
             let ops: Vec<&CounterOp> = batch.ops.iter().collect();
-            let part = self.part(&ops, batch.always_admit, false, None);
+            let part = self.part(&ops, batch.admission, false, None);
             let reply = Shared::submit(&self.shared, part).await?;
             return Ok(Applied {
                 decisions: reply.decisions,
@@ -205,7 +212,7 @@ impl RedisStore {
             groups
                 .iter()
                 .map(|(_, ops)| {
-                    Box::pin(self.call(ops, batch.always_admit, true, None)) as BoxFuture<'_, _>
+                    Box::pin(self.call(ops, batch.admission, true, None)) as BoxFuture<'_, _>
                 })
                 .collect(),
         )
@@ -228,7 +235,7 @@ impl RedisStore {
         }
         let decisions: Option<Vec<Decision>> = decisions.into_iter().collect();
         let admitted = match (&decisions, &failure) {
-            (Some(d), None) => admitted(&batch.ops, d, batch.always_admit),
+            (Some(d), None) => admitted(&batch.ops, d, batch.admission),
             _ => false,
         };
         if !admitted {
@@ -281,7 +288,9 @@ impl RedisStore {
             let ops: Vec<&CounterOp> = refunds.iter().collect();
             static LOGGED: crate::logging::Every =
                 crate::logging::Every::new(std::time::Duration::from_secs(10));
-            if let Err(e) = self.call(&ops, true, false, Some(&guards)).await
+            if let Err(e) = self
+                .call(&ops, Admission::Always, false, Some(&guards))
+                .await
                 && LOGGED.ready()
             {
                 tracing::warn!(error = %e, "could not refund the hits of a rejected request; they expire with their window");

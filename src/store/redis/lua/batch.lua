@@ -13,8 +13,9 @@
 -- KEYS     the counters of every request, in order: one string key per counter, expiring
 --          when its state equals no state
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
--- ARGV[..] per request: "1" to admit whatever the decisions (global shadow mode) or "0" for
---          the usual rule; its number of counters; then seven values per counter: algorithm
+-- ARGV[..] per request: its admission ("0" the usual rule, "1" whatever the decisions for
+--          the global shadow mode, "2" never, to read the statuses of a request already
+--          rejected; mirrors store::Admission); its number of counters; then seven values per counter: algorithm
 --          (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 concurrency), limit,
 --          window (µs), burst, hits (negative: refund), role (0 enforce, 1 shadow,
 --          2 quota), guard (window start a refund must still be in, or -1)
@@ -87,7 +88,7 @@ end
 
 local at, first_key = 2, 0
 while at <= #ARGV do
-  local always = ARGV[at] == '1'
+  local always, never = ARGV[at] == '1', ARGV[at] == '2'
   local n = tonumber(ARGV[at + 1])
   local enforce_over, quota_seen, quota_all_over = false, false, true
   o = o + 1
@@ -111,7 +112,7 @@ while at <= #ARGV do
     end
   end
 
-  local admitted = always or not (enforce_over or (quota_seen and quota_all_over))
+  local admitted = always or not (never or enforce_over or (quota_seen and quota_all_over))
   if not admitted then
     -- Nothing is charged, but refunds still return what earlier requests took (and
     -- concurrency acquisitions count: their releases will come).
