@@ -371,7 +371,8 @@ impl Metrics {
             .levels
             .iter()
             .enumerate()
-            .map(|(depth, (key, configured))| {
+            .map(|(depth, level)| {
+                let (key, configured) = (&level.key, &level.value);
                 let shared = rule.shared.get(depth).is_some_and(Option::is_some);
                 let runtime = event
                     .descriptor
@@ -381,7 +382,7 @@ impl Metrics {
                 let wildcard = configured.as_deref().is_some_and(|v| v.contains('*'));
                 let use_runtime = !shared
                     && (rule.detailed_metric
-                        || (rule.value_to_metric && (configured.is_none() || wildcard)));
+                        || (level.value_to_metric && (configured.is_none() || wildcard)));
                 match (use_runtime, runtime, configured) {
                     (true, Some(v), _) if !v.is_empty() => format!("{key}_{}", label_value(v)),
                     (_, _, Some(c)) => format!("{key}_{c}"),

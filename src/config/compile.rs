@@ -8,8 +8,8 @@ use super::raw::{RawDescriptor, RawFile, RawRateLimit};
 use super::{ConfigError, LoadOptions};
 use crate::algorithm::Algorithm;
 use crate::policy::{
-    Children, Domain, KeyGroup, MetaValue, Node, Pattern, Policy, Priorities, RateLimit, Rule,
-    RuleLimit,
+    Children, Domain, KeyGroup, Level, MetaValue, Node, Pattern, Policy, Priorities, RateLimit,
+    Rule, RuleLimit,
 };
 use crate::store::FailureMode;
 
@@ -85,8 +85,8 @@ struct Cx<'a> {
     shared: Vec<Option<String>>,
     /// The failure mode in force at the current level (descriptor's, or the file's).
     failure_mode: Option<FailureMode>,
-    /// `(key, value)` of the levels down to the current one.
-    levels: Vec<(String, Option<String>)>,
+    /// The levels down to the current one.
+    levels: Vec<Level>,
 }
 
 impl Cx<'_> {
@@ -163,7 +163,11 @@ impl Cx<'_> {
             {
                 self.failure_mode = Some(mode);
             }
-            self.levels.push((key.to_owned(), value.map(str::to_owned)));
+            self.levels.push(Level {
+                key: key.to_owned(),
+                value: value.map(str::to_owned),
+                value_to_metric: raw.value_to_metric,
+            });
             self.shared.push(
                 pattern
                     .as_ref()
@@ -306,7 +310,7 @@ impl Cx<'_> {
             shadow_mode: descriptor.shadow_mode,
             quota_mode: descriptor.quota_mode,
             detailed_metric: descriptor.detailed_metric,
-            value_to_metric: descriptor.value_to_metric,
+            value_to_metric: self.levels.iter().any(|l| l.value_to_metric),
             shared: self.shared.clone(),
             failure_mode: self.failure_mode,
             priorities,

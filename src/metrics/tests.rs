@@ -168,3 +168,115 @@ fn long_runtime_values_are_shortened_in_labels() {
     assert!(label.starts_with(&"é".repeat(32)));
     assert_ne!(label, super::label_value(&"é".repeat(101)));
 }
+
+/// The `rule` label the hits of `entries` are counted under, with `config` in force.
+async fn series_name(config: &str, entries: &[(&str, &str)]) -> String {
+    let policy = load_sources(&[("v.yaml".into(), config.into())], LoadOptions::default()).unwrap();
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    let limiter = Limiter::new(Arc::new(policy), Arc::new(store), LimiterOptions::default())
+        .with_observer(metrics.clone());
+    limiter.check(&request(entries, 1)).await.unwrap();
+    let text = metrics.render(&status());
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .unwrap_or_else(|| panic!("no series in {text}"));
+    let start = line.find("rule=\"").unwrap() + 6;
+    line[start..start + line[start..].find('"').unwrap()].to_owned()
+}
+
+/// envoyproxy/ratelimit `test/config/config_test.go`, the `TestValueToMetric_*` cases: each
+/// level with `value_to_metric` names the series by its runtime value, whichever level it is.
+#[tokio::test]
+async fn value_to_metric_applies_on_every_level_that_sets_it() {
+    let nested = "domain: m
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 60}
+";
+    let request = [
+        ("route", "draw"),
+        ("http_method", "GET"),
+        ("subject_id", "123"),
+    ];
+    // TestValueToMetric_UsesRuntimeValuesInStats
+    assert_eq!(
+        series_name(nested, &request).await,
+        "m.route_draw.http_method_GET.subject_id"
+    );
+    // TestValueToMetric_WithEmptyValue: an empty value adds nothing.
+    assert_eq!(
+        series_name(
+            nested,
+            &[("route", ""), ("http_method", "GET"), ("subject_id", "1")]
+        )
+        .await,
+        "m.route.http_method_GET.subject_id"
+    );
+    // TestValueToMetric_DoesNotOverrideDetailedMetric: detailed_metric on the rule wins.
+    let detailed = nested.replace(
+        "          - key: subject_id\n",
+        "          - key: subject_id\n            detailed_metric: true\n",
+    );
+    assert_eq!(
+        series_name(&detailed, &request).await,
+        "m.route_draw.http_method_GET.subject_id_123"
+    );
+    // TestValueToMetric_MidLevelOnly
+    let mid = "domain: m
+descriptors:
+  - key: k1
+    descriptors:
+      - key: k2
+        value_to_metric: true
+        descriptors:
+          - key: k3
+            rate_limit: {unit: minute, requests_per_unit: 60}
+";
+    assert_eq!(
+        series_name(mid, &[("k1", "X"), ("k2", "Y"), ("k3", "Z")]).await,
+        "m.k1.k2_Y.k3"
+    );
+    // TestValueToMetric_WithWildcard: a wildcard level names the runtime value; TestValueToMetric_WithConfiguredValues:
+    // an exact level its value.
+    let wildcard = "domain: m
+descriptors:
+  - key: user
+    value_to_metric: true
+    descriptors:
+      - key: action
+        value: read*
+        value_to_metric: true
+        descriptors:
+          - key: resource
+            rate_limit: {unit: minute, requests_per_unit: 60}
+      - key: action
+        value: GET
+        descriptors:
+          - key: resource
+            rate_limit: {unit: minute, requests_per_unit: 60}
+";
+    assert_eq!(
+        series_name(
+            wildcard,
+            &[("user", "alice"), ("action", "readfile"), ("resource", "r")]
+        )
+        .await,
+        "m.user_alice.action_readfile.resource"
+    );
+    assert_eq!(
+        series_name(
+            wildcard,
+            &[("user", "bob"), ("action", "GET"), ("resource", "r")]
+        )
+        .await,
+        "m.user_bob.action_GET.resource"
+    );
+}

@@ -74,7 +74,8 @@ pub struct Rule {
     pub quota_mode: bool,
     /// `detailed_metric`: metrics per runtime value (bounded; see the metrics docs).
     pub detailed_metric: bool,
-    /// `value_to_metric`: include the runtime value of wildcard/key-only entries in metrics.
+    /// Whether some level on the path to this rule has `value_to_metric` (see [`Level`]):
+    /// its series then carry runtime values.
     pub value_to_metric: bool,
     /// Per descriptor level on the path to this rule: the wildcard pattern when that level
     /// has `share_threshold: true` (all matching values share one counter), else `None`.
@@ -87,9 +88,22 @@ pub struct Rule {
     pub priorities: Option<Priorities>,
     /// The descriptor's `metadata` mapping, for the response's dynamic metadata.
     pub metadata: Option<BTreeMap<String, MetaValue>>,
-    /// Per level on the path to this rule: the entry key and the configured value (exact or
-    /// wildcard), `None` for a key-only level. Metrics name series from it.
-    pub levels: Vec<(String, Option<String>)>,
+    /// The levels on the path to this rule, from the domain down. Metrics name series from
+    /// them.
+    pub levels: Vec<Level>,
+}
+
+/// One level of the descriptor tree on the path to a rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Level {
+    /// The entry key.
+    pub key: String,
+    /// The configured value (exact or wildcard); `None` for a key-only level.
+    pub value: Option<String>,
+    /// `value_to_metric` on this level: metric series name it by the runtime value where the
+    /// configuration has none (key-only) or a pattern (wildcard), as the reference does for
+    /// each level that sets it.
+    pub value_to_metric: bool,
 }
 
 /// The share of a limit each priority class may fill (`priorities:`), all on one counter:
