@@ -26,6 +26,10 @@ use crate::store::StoreStatus;
 /// Label value of the series that takes hits past the detailed-series cap.
 pub const OVERFLOW: &str = "__overflow__";
 
+/// Most unknown domains counted in `ratelimit_service_domain_not_found` series of their own
+/// (they come from requests); the rest are counted under `domain="__overflow__"`.
+pub const MAX_UNKNOWN_DOMAINS: usize = 100;
+
 /// Every metric of the process.
 pub struct Metrics {
     registry: Registry,
@@ -41,7 +45,11 @@ pub struct Metrics {
     detailed: Mutex<HashSet<[String; 4]>>,
     max_detailed: usize,
     series_overflow: IntCounter,
-    domain_not_found: IntCounter,
+    domain_not_found: IntCounterVec,
+    /// Unknown domains with a series of their own, against [`MAX_UNKNOWN_DOMAINS`].
+    unknown_domains: Mutex<HashSet<String>>,
+    global_shadow_mode: IntCounter,
+    should_rate_limit_error: IntCounterVec,
     grpc_requests: IntCounterVec,
     grpc_latency: HistogramVec,
     errors: IntCounterVec,
@@ -180,11 +188,30 @@ impl Metrics {
                 "sluice_metric_series_overflow_total",
                 "Hits counted in __overflow__ series past the detailed-series cap",
             ),
-            domain_not_found: counter(
+            domain_not_found: counter_vec(
                 r,
                 "ratelimit_service_domain_not_found",
-                "Requests for a domain no config declares",
+                "Requests for a domain no config declares, by domain",
+                &["domain"],
             ),
+            unknown_domains: Mutex::default(),
+            global_shadow_mode: counter(
+                r,
+                "ratelimit_service_global_shadow_mode",
+                "Requests over the limit that the global SHADOW_MODE answered OK",
+            ),
+            should_rate_limit_error: {
+                let vec = counter_vec(
+                    r,
+                    "ratelimit_service_should_rate_limit_error",
+                    "Requests that failed: redis_error (the store failed; the failure policy answered), service_error (an invalid request, an internal error)",
+                    &["err_type"],
+                );
+                for kind in ["redis_error", "service_error"] {
+                    vec.with_label_values(&[kind]);
+                }
+                vec
+            },
             grpc_requests: counter_vec(
                 r,
                 "sluice_grpc_requests_total",
@@ -285,6 +312,14 @@ impl Metrics {
     /// An error of `kind` (e.g. `invalid_request`, `store_unavailable`).
     pub fn error(&self, kind: &str) {
         self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// A `ShouldRateLimit` call that failed: `service_error` (the request was invalid, or
+    /// answering it failed) or `redis_error`, as the reference counts them.
+    pub fn should_rate_limit_error(&self, kind: &str) {
+        self.should_rate_limit_error
+            .with_label_values(&[kind])
+            .inc();
     }
 
     /// A config load's outcome.
@@ -437,14 +472,29 @@ impl Observer for Metrics {
         self.count(&h, event, hits);
     }
 
-    fn domain_not_found(&self) {
-        self.domain_not_found.inc();
+    fn domain_not_found(&self, domain: &str) {
+        let domain = label_value(domain);
+        let known = {
+            let mut seen = self
+                .unknown_domains
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            seen.contains(domain.as_ref())
+                || (seen.len() < MAX_UNKNOWN_DOMAINS && seen.insert(domain.clone().into_owned()))
+        };
+        let label = if known { domain.as_ref() } else { OVERFLOW };
+        self.domain_not_found.with_label_values(&[label]).inc();
+    }
+
+    fn global_shadow_mode(&self) {
+        self.global_shadow_mode.inc();
     }
 
     fn store_call(&self, elapsed: Duration, ok: bool) {
         self.store_latency.observe(elapsed.as_secs_f64());
         if !ok {
             self.store_errors.inc();
+            self.should_rate_limit_error("redis_error");
         }
     }
 }
@@ -484,31 +534,50 @@ impl Metrics {
         h
     }
 
+    /// Counts an event's hits as the reference does (`src/limiter/base_limiter.go`): all
+    /// within the limit or all over, and of a refusal that crossed the limit, only the part
+    /// past it over and the part between the near-limit threshold and the limit near.
     fn count(&self, h: &RuleHandles, event: &LimitEvent<'_>, hits: u64) {
         h.total_hits.inc_by(hits);
         let d = event.decision;
-        let shadow = event.rule.is_some_and(|r| r.shadow_mode);
+        if event.from_cache {
+            h.over_limit.inc_by(hits);
+            h.over_limit_with_local_cache.inc_by(hits);
+            return;
+        }
+        let limit = event.limit.algorithm_limit();
+        let quota = if limit.algorithm == crate::algorithm::Algorithm::TokenBucket {
+            limit.burst
+        } else {
+            limit.requests
+        };
+        let near = (quota as f64 * self.near_limit_ratio).floor() as u64;
         if d.allowed {
             h.within_limit.inc_by(hits);
-            let limit = event.limit.algorithm_limit();
-            let quota = if limit.algorithm == crate::algorithm::Algorithm::TokenBucket {
-                limit.burst
-            } else {
-                limit.requests
-            };
-            let near = (quota as f64 * self.near_limit_ratio).floor() as u64;
             let after = quota.saturating_sub(d.remaining);
             if after > near {
                 h.near_limit.inc_by((after - near).min(hits));
             }
+            return;
+        }
+        // A refused counter was not charged: its remaining is what it had before.
+        let before = quota.saturating_sub(d.remaining);
+        let (over, near_hits) = if before >= quota {
+            (hits, 0)
         } else {
-            h.over_limit.inc_by(hits);
-            if event.from_cache {
-                h.over_limit_with_local_cache.inc_by(hits);
-            }
-            if shadow {
-                h.shadow_mode.inc_by(hits);
-            }
+            let over = before
+                .saturating_add(hits)
+                .saturating_sub(quota)
+                .clamp(1, hits);
+            (
+                over,
+                quota.saturating_sub(near.max(before)).min(hits - over),
+            )
+        };
+        h.over_limit.inc_by(over);
+        h.near_limit.inc_by(near_hits);
+        if event.rule.is_some_and(|r| r.shadow_mode) {
+            h.shadow_mode.inc_by(over);
         }
     }
 }

@@ -66,7 +66,13 @@ async fn metrics_count_exactly_the_hits_sent_per_rule() {
             "{metric} login"
         );
     }
-    assert_eq!(value(&page, "ratelimit_service_domain_not_found"), Some(1));
+    assert_eq!(
+        value(
+            &page,
+            r#"ratelimit_service_domain_not_found{domain="nowhere"}"#
+        ),
+        Some(1)
+    );
     assert_eq!(
         value(
             &page,
@@ -88,6 +94,30 @@ async fn metrics_count_exactly_the_hits_sent_per_rule() {
         !page.contains("secret-key-1") && !page.contains("203.0.113.9"),
         "{page}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_requests_count_as_service_errors_as_in_the_reference() {
+    let server = TestServer::start(&[("shop.yaml", CONFIG)]).await;
+    let mut client = server.client().await;
+    let error = |page: &str, kind: &str| {
+        value(
+            page,
+            &format!("ratelimit_service_should_rate_limit_error{{err_type=\"{kind}\"}}"),
+        )
+    };
+    let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert_eq!(error(&page, "service_error"), Some(0), "{page}");
+    for bad in [
+        request("", vec![descriptor(&[("a", "b")])]),
+        request("shop", vec![]),
+    ] {
+        let status = client.should_rate_limit(bad).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    }
+    let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert_eq!(error(&page, "service_error"), Some(2), "{page}");
+    assert_eq!(error(&page, "redis_error"), Some(0), "{page}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

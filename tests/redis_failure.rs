@@ -122,6 +122,11 @@ async fn a_paused_redis_costs_no_waiting_and_follows_each_failure_mode() {
     let value = |series: &str| common::metric::<f64>(&metrics, series);
     assert_eq!(value("sluice_store_healthy"), Some(0.0), "{metrics}");
     assert!(value("sluice_store_errors_total") >= Some(3.0), "{metrics}");
+    // The reference's name for it: every request whose store call failed.
+    assert_eq!(
+        value(r#"ratelimit_service_should_rate_limit_error{err_type="redis_error"}"#),
+        value("sluice_store_errors_total")
+    );
     // allow: the five opens (and the calls that opened the breaker); deny: one; local: four.
     assert!(value(r#"sluice_failure_mode_decisions_total{mode="allow"}"#) >= Some(5.0));
     assert_eq!(

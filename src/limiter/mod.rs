@@ -145,7 +145,7 @@ impl Limiter {
         let policy = self.policy();
         let domain = policy.domain(&request.domain);
         if domain.is_none() {
-            self.observer.domain_not_found();
+            self.observer.domain_not_found(&request.domain);
         }
         let plans = plan(domain, request);
 
@@ -187,10 +187,21 @@ impl Limiter {
             self.observer.store_call(started.elapsed(), answered);
             Some(result?)
         };
-        let from_cache = applied.as_ref().is_some_and(|a| a.from_cache);
+        // The counter the over-limit cache refused, if it did: its events say so.
+        let cached = applied
+            .as_ref()
+            .and_then(|a| a.cached)
+            .map(|i| &batch.ops[i].key);
+        if let Some(a) = &applied
+            && batch.admission == Admission::Always
+            && !crate::store::admitted(&batch.ops, &a.decisions, Admission::ByRule)
+        {
+            self.observer.global_shadow_mode();
+        }
 
         let admitted = applied.as_ref().is_none_or(|a| a.admitted);
         let mut decisions = applied.as_ref().map_or(&[][..], |a| &a.decisions[..]);
+        let mut ops = &batch.ops[..];
         let mut limits_out = Vec::with_capacity(batch.ops.len());
         let statuses: Vec<DescriptorStatus> = request
             .descriptors
@@ -217,12 +228,15 @@ impl Limiter {
                     let limits = &plan_limits[..];
                     let (own, rest) = decisions.split_at(limits.len());
                     decisions = rest;
+                    let (own_ops, rest) = ops.split_at(limits.len());
+                    ops = rest;
                     // One event per descriptor, so that its hits count once: under the limit
                     // that decided (refusing, else with the least remaining).
-                    if let Some((limit, decision)) = limits
+                    if let Some(((limit, decision), op)) = limits
                         .iter()
                         .zip(own)
-                        .min_by_key(|(_, d)| (d.allowed, d.remaining))
+                        .zip(own_ops)
+                        .min_by_key(|((_, d), _)| (d.allowed, d.remaining))
                     {
                         self.observer.limit_decided(&LimitEvent {
                             domain: &request.domain,
@@ -230,7 +244,7 @@ impl Limiter {
                             descriptor,
                             limit,
                             decision,
-                            from_cache,
+                            from_cache: cached == Some(&op.key),
                         });
                     }
                     // Hits of an allowed descriptor in a rejected request were not charged.

@@ -20,7 +20,7 @@ pub struct LimitEvent<'a> {
     pub limit: &'a RateLimit,
     /// The store's decision.
     pub decision: &'a Decision,
-    /// Whether the local over-limit cache answered.
+    /// Whether the local over-limit cache refused this counter (no store decided it).
     pub from_cache: bool,
 }
 
@@ -28,8 +28,10 @@ pub struct LimitEvent<'a> {
 pub trait Observer: Send + Sync + 'static {
     /// A counted limit was decided.
     fn limit_decided(&self, _event: &LimitEvent<'_>) {}
-    /// A request named a domain no config declares.
-    fn domain_not_found(&self) {}
+    /// A request named `domain`, which no config declares.
+    fn domain_not_found(&self, _domain: &str) {}
+    /// The global shadow mode answered OK to a request its rules would have refused.
+    fn global_shadow_mode(&self) {}
     /// The store answered (or failed) after `elapsed`.
     fn store_call(&self, _elapsed: Duration, _ok: bool) {}
 }

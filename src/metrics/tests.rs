@@ -280,3 +280,103 @@ descriptors:
         "m.user_bob.action_GET.resource"
     );
 }
+
+/// The `over_limit`, `near_limit` and `within_limit` hits a request of `hits` adds on a fresh
+/// `user` counter of 20 per hour already holding `used`.
+async fn split(used: i64, hits: i64) -> [u64; 3] {
+    let config = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 20}\n";
+    let policy = load_sources(&[("s.yaml".into(), config.into())], LoadOptions::default()).unwrap();
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    let limiter = Limiter::new(Arc::new(policy), Arc::new(store), LimiterOptions::default())
+        .with_observer(metrics.clone());
+    let read = || {
+        let text = metrics.render(&status());
+        let labels = r#"domain="m",key1="user",key2="",rule="m.user""#;
+        ["over_limit", "near_limit", "within_limit"].map(|name| {
+            sample(
+                &text,
+                &format!("ratelimit_service_rate_limit_{name}"),
+                labels,
+            )
+            .unwrap_or(0)
+        })
+    };
+    if used > 0 {
+        limiter
+            .check(&request(&[("user", "u")], used))
+            .await
+            .unwrap();
+    }
+    let before = read();
+    limiter
+        .check(&request(&[("user", "u")], hits))
+        .await
+        .unwrap();
+    let after = read();
+    [0, 1, 2].map(|i| after[i] - before[i])
+}
+
+/// envoyproxy/ratelimit `test/redis/fixed_cache_impl_test.go` `TestNearLimit` (limit 20,
+/// near-limit threshold 16): the hits of a refusal that crosses the limit split into over
+/// (past 20) and near (16 to 20); a refusal of a full counter is all over.
+#[tokio::test]
+async fn refused_hits_split_into_over_and_near_like_the_reference() {
+    // "Some of it over limit, all of it over near limit": 19 + 3.
+    assert_eq!(split(19, 3).await, [2, 1, 0]);
+    // "Some of it in all three places": 15 + 7.
+    assert_eq!(split(15, 7).await, [2, 4, 0]);
+    // "all of it over limit".
+    assert_eq!(split(20, 3).await, [3, 0, 0]);
+    // Admitted: "all of it over near limit" (16 + 3), "under near limit" (0 + 3).
+    assert_eq!(split(16, 3).await, [0, 3, 3]);
+    assert_eq!(split(0, 3).await, [0, 0, 3]);
+}
+
+#[tokio::test]
+async fn unknown_domains_are_counted_per_domain_up_to_a_cap() {
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let limiter = limiter(&metrics);
+    for i in 0..MAX_UNKNOWN_DOMAINS + 5 {
+        let mut r = request(&[("user", "u")], 1);
+        r.domain = format!("nowhere-{i}");
+        limiter.check(&r).await.unwrap();
+    }
+    let mut again = request(&[("user", "u")], 1);
+    again.domain = "nowhere-0".into();
+    limiter.check(&again).await.unwrap();
+    let text = metrics.render(&status());
+    let count = |domain: &str| {
+        sample(
+            &text,
+            "ratelimit_service_domain_not_found",
+            &format!("domain=\"{domain}\""),
+        )
+    };
+    assert_eq!(count("nowhere-0"), Some(2));
+    assert_eq!(count("nowhere-99"), Some(1));
+    assert_eq!(count("nowhere-100"), None);
+    assert_eq!(count(OVERFLOW), Some(5));
+}
+
+#[tokio::test]
+async fn the_global_shadow_mode_counts_the_requests_it_let_through() {
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let policy = load_sources(&[("m.yaml".into(), CONFIG.into())], LoadOptions::default()).unwrap();
+    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    let options = LimiterOptions {
+        shadow_mode: true,
+        ..LimiterOptions::default()
+    };
+    let limiter =
+        Limiter::new(Arc::new(policy), Arc::new(store), options).with_observer(metrics.clone());
+    for _ in 0..13 {
+        let response = limiter.check(&request(&[("user", "u")], 1)).await.unwrap();
+        assert_eq!(response.code, crate::limiter::Code::Ok);
+    }
+    let text = metrics.render(&status());
+    let shadowed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ratelimit_service_global_shadow_mode "));
+    assert_eq!(shadowed, Some("3"));
+}

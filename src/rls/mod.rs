@@ -69,6 +69,11 @@ impl RlsService {
                 Ok(r) if r.overall_code == 2 => "OVER_LIMIT",
                 Ok(_) => "OK",
                 Err(status) => {
+                    // The reference's two kinds: its store's errors (counted where the store
+                    // call fails, answered by the failure policy or not), and the others.
+                    if status.code() != tonic::Code::Unavailable {
+                        metrics.should_rate_limit_error("service_error");
+                    }
                     metrics.error(match status.code() {
                         tonic::Code::InvalidArgument => "invalid_request",
                         tonic::Code::ResourceExhausted => "request_too_large",

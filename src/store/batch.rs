@@ -88,8 +88,10 @@ pub struct Applied {
     pub admitted: bool,
     /// Whether the decisions came from the failure policy rather than the store.
     pub degraded: bool,
-    /// Whether the local over-limit cache answered without asking the store.
-    pub from_cache: bool,
+    /// When the local over-limit cache rejected the request: the index of an operation it
+    /// remembered as over. Every operation on that counter was answered from the cache (no
+    /// store decided the request); the others were read from the store.
+    pub cached: Option<usize>,
 }
 
 /// Whether a request whose operations got `decisions` is admitted.

@@ -241,7 +241,7 @@ impl MemoryStore {
             decisions,
             admitted,
             degraded: false,
-            from_cache: false,
+            cached: None,
         }
     }
 }

@@ -99,14 +99,14 @@ impl OverLimitCache {
             if batch.admission != Admission::ByRule || batch.ops.iter().any(|op| op.hits < 0) {
                 None // global shadow mode admits anyway; refunds must reach the store
             } else {
-                batch.ops.iter().find_map(|op| {
+                batch.ops.iter().enumerate().find_map(|(i, op)| {
                     cacheable(op)
                         .then(|| refusals.over_until(op, now))
                         .flatten()
-                        .map(|until| (&op.key, until))
+                        .map(|until| (i, until))
                 })
             };
-        let Some((over_key, until)) = cached else {
+        let Some((over, until)) = cached else {
             let applied = self.inner.apply(batch).await?;
             if !applied.degraded {
                 refusals.learn(batch, &applied, now);
@@ -130,6 +130,7 @@ impl OverLimitCache {
         // The other counters' statuses are the store's: it reads them as for a rejected
         // request (nothing charged) in one call, which a request carrying only the cached
         // key does not need, so a flood on a hot abusive key still costs no round trip.
+        let over_key = &batch.ops[over].key;
         let others: Vec<usize> = (0..batch.ops.len())
             .filter(|&i| batch.ops[i].key != *over_key)
             .collect();
@@ -163,7 +164,7 @@ impl OverLimitCache {
             decisions,
             admitted: false,
             degraded: false,
-            from_cache: true,
+            cached: Some(over),
         })
     }
 }

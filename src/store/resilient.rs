@@ -240,7 +240,7 @@ impl Resilient {
             admitted: admitted(&batch.ops, &decisions, batch.admission),
             decisions,
             degraded: true,
-            from_cache: false,
+            cached: None,
         })
     }
 }

@@ -173,7 +173,7 @@ impl RedisStore {
                 decisions: Vec::new(),
                 admitted: true,
                 degraded: false,
-                from_cache: false,
+                cached: None,
             });
         }
         if !self.shared.connector.is_cluster() {
@@ -186,7 +186,7 @@ impl RedisStore {
                 decisions: reply.decisions,
                 admitted: reply.admitted,
                 degraded: false,
-                from_cache: false,
+                cached: None,
             });
         }
 
@@ -246,7 +246,7 @@ impl RedisStore {
                 decisions,
                 admitted,
                 degraded: false,
-                from_cache: false,
+                cached: None,
             }),
             (_, Some(e)) => Err(e),
             (None, None) => Err(StoreError::Internal(
