@@ -99,6 +99,7 @@ fn memory_store(c: &mut Criterion) {
                 }],
                 admission: Admission::ByRule,
                 deadline: None,
+                charged_at: None,
             })
             .collect();
         // Pre-populate so the map holds `keys` counters.
@@ -113,6 +114,7 @@ fn memory_store(c: &mut Criterion) {
                 }],
                 admission: Admission::ByRule,
                 deadline: None,
+                charged_at: None,
             };
             runtime.block_on(store.apply(&batch)).unwrap();
         }
@@ -207,6 +209,7 @@ fn memory_store_algorithms(c: &mut Criterion) {
             }],
             admission: Admission::ByRule,
             deadline: None,
+            charged_at: None,
         };
         group.bench_function(algorithm.as_str(), |b| {
             b.iter(|| runtime.block_on(store.apply(black_box(&batch))).unwrap())

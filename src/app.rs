@@ -22,7 +22,7 @@ use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::{Backend, Settings};
 use crate::shutdown::Drain;
 use crate::store::redis::RedisOptions;
-use crate::store::{MemoryStore, OverLimitCache, RedisStore, Resilient, Store};
+use crate::store::{MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Store};
 use crate::tls::ReloadingTls;
 
 /// Why the service could not start or stopped with an error.
@@ -144,28 +144,43 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
                 .redis
                 .as_ref()
                 .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
-            // A script call may outlive its requests' deadline: its answers still count (see
-            // `Resilient`), up to the background limit.
-            let redis = RedisStore::new(&RedisOptions {
-                call_timeout: settings.resilience.background_limit(),
-                ..options.clone()
-            })
-            .map_err(AppError::Serve)?;
-            tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-            let resilient = Arc::new(Resilient::new(
-                Arc::new(redis),
-                settings.resilience,
-                clock.clone(),
-            ));
+            // Each Redis behind its own failure policy: one failing leaves the other exact.
+            let resilient = |options: &RedisOptions| -> Result<Arc<Resilient>, AppError> {
+                // A script call may outlive its requests' deadline: its answers still count
+                // (see `Resilient`), up to the background limit.
+                let redis = RedisStore::new(&RedisOptions {
+                    call_timeout: settings.resilience.background_limit(),
+                    ..options.clone()
+                })
+                .map_err(AppError::Serve)?;
+                Ok(Arc::new(Resilient::new(
+                    Arc::new(redis),
+                    settings.resilience,
+                    clock.clone(),
+                )))
+            };
+            let main = resilient(options)?;
+            tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
+            let mut shared = vec![main.clone()];
+            let store: Arc<dyn Store> = match &settings.redis_per_second {
+                None => main,
+                Some(fast) => {
+                    let per_second = resilient(fast)?;
+                    tracing::info!(kind = ?fast.kind, "counting limits per second in their own redis (REDIS_PERSECOND)");
+                    shared.push(per_second.clone());
+                    Arc::new(PerSecondSplit::new(main, per_second))
+                }
+            };
             if settings.local_cache_keys > 0 {
-                let cache =
-                    OverLimitCache::new(resilient.clone(), settings.local_cache_keys, clock);
+                let cache = OverLimitCache::new(store, settings.local_cache_keys, clock);
                 // Answers that arrive after their deadline still teach the cache.
-                resilient.on_late_answers(cache.late_answers());
+                for resilient in &shared {
+                    resilient.on_late_answers(cache.late_answers());
+                }
                 Arc::new(cache)
             } else {
-                resilient
+                store
             }
         }
     };

@@ -229,6 +229,7 @@ impl<S: Store> Decider for WithClock<S> {
             ops: vec![op],
             admission: Admission::ByRule,
             deadline: None,
+            charged_at: None,
         };
         self.store.apply(&batch).await.unwrap().decisions[0]
     }
@@ -411,6 +412,7 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
                     Admission::ByRule
                 },
                 deadline: None,
+                charged_at: None,
             })
             .collect();
         let from_redis = join_all(batches.iter().map(|b| redis_store.apply(b)).collect()).await;

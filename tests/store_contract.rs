@@ -49,6 +49,7 @@ async fn apply(store: &dyn Store, ops: Vec<CounterOp>) -> Applied {
             ops,
             admission: Admission::ByRule,
             deadline: None,
+            charged_at: None,
         })
         .await
         .unwrap()
@@ -225,6 +226,7 @@ async fn always_admit_charges_what_fits(store: &dyn Store) {
             ],
             admission: Admission::Always,
             deadline: None,
+            charged_at: None,
         })
         .await
         .unwrap();
@@ -243,6 +245,7 @@ async fn never_admit_decides_with_the_hits_and_charges_nothing(store: &dyn Store
             ],
             admission: Admission::Never,
             deadline: None,
+            charged_at: None,
         })
         .await
         .unwrap();
@@ -356,6 +359,7 @@ async fn redis_reloads_its_script_after_a_restart() {
                 ops: vec![op(&ns, "a", 5, 1, Role::Enforce)],
                 admission: Admission::ByRule,
                 deadline: None,
+                charged_at: None,
             })
             .await
         {

@@ -157,6 +157,7 @@ impl Limiter {
                 Admission::ByRule
             },
             deadline,
+            charged_at: None,
         };
         // Under the global QUOTA_MODE a descriptor without a limit is a quota descriptor that
         // is never over, so "every quota descriptor is over" cannot happen (the reference

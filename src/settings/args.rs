@@ -134,6 +134,46 @@ pub struct ServeArgs {
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub redis_tls_skip_hostname_verification: bool,
 
+    /// Count the limits whose unit is `second` on a Redis of their own (REDIS_PERSECOND_*)
+    #[arg(long, env = "REDIS_PERSECOND", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub redis_persecond: bool,
+
+    /// Address of the per-second Redis, in REDIS_URL's forms
+    #[arg(long, env = "REDIS_PERSECOND_URL")]
+    pub redis_persecond_url: Option<String>,
+
+    /// Deployment of the per-second Redis
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_TYPE",
+        value_enum,
+        ignore_case = true,
+        default_value = "single"
+    )]
+    pub redis_persecond_type: RedisKind,
+
+    /// Password (or user:password) of the per-second Redis
+    #[arg(long, env = "REDIS_PERSECOND_AUTH", hide_env_values = true)]
+    pub redis_persecond_auth: Option<String>,
+
+    /// Password of the per-second Redis's Sentinels
+    #[arg(long, env = "REDIS_PERSECOND_SENTINEL_AUTH", hide_env_values = true)]
+    pub redis_persecond_sentinel_auth: Option<String>,
+
+    /// Use TLS for per-second Redis addresses given without a scheme (certificates: REDIS_TLS_*)
+    #[arg(long, env = "REDIS_PERSECOND_TLS", value_name = "BOOL", num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub redis_persecond_tls: bool,
+
+    /// Multiplexed connections per per-second Redis node
+    #[arg(long, env = "REDIS_PERSECOND_POOL_SIZE", default_value = "2")]
+    pub redis_persecond_pool_size: usize,
+
+    /// Time allowed to connect to the per-second Redis
+    #[arg(long, env = "REDIS_PERSECOND_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub redis_persecond_connect_timeout: Duration,
+
     /// Prefix of every Redis key
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
     pub cache_key_prefix: String,
@@ -392,6 +432,51 @@ impl ServeArgs {
                 Some(options)
             }
         };
+        let redis_per_second = match (&redis, self.redis_persecond) {
+            (_, false) => None,
+            (None, true) => {
+                return Err(SettingsError {
+                    name: "--redis-persecond (REDIS_PERSECOND)".into(),
+                    message: "needs the redis backend (REDIS_URL) for the other counters".into(),
+                });
+            }
+            (Some(main), true) => {
+                let Some(url) = self
+                    .redis_persecond_url
+                    .clone()
+                    .filter(|u| !u.trim().is_empty())
+                else {
+                    return Err(SettingsError {
+                        name: "--redis-persecond-url (REDIS_PERSECOND_URL)".into(),
+                        message: "REDIS_PERSECOND needs the per-second Redis's address".into(),
+                    });
+                };
+                if self.redis_persecond_pool_size == 0 {
+                    return Err(SettingsError {
+                        name: "--redis-persecond-pool-size (REDIS_PERSECOND_POOL_SIZE)".into(),
+                        message: "must be at least 1".into(),
+                    });
+                }
+                let options = RedisOptions {
+                    url,
+                    kind: self.redis_persecond_type,
+                    auth: self.redis_persecond_auth.clone().filter(|a| !a.is_empty()),
+                    sentinel_auth: self
+                        .redis_persecond_sentinel_auth
+                        .clone()
+                        .filter(|a| !a.is_empty()),
+                    tls: self.redis_persecond_tls,
+                    connections: self.redis_persecond_pool_size,
+                    connect_timeout: self.redis_persecond_connect_timeout,
+                    ..main.clone()
+                };
+                crate::store::RedisStore::new(&options).map_err(|message| SettingsError {
+                    name: "--redis-persecond-url (REDIS_PERSECOND_URL) and the REDIS_PERSECOND_* settings".into(),
+                    message,
+                })?;
+                Some(options)
+            }
+        };
         for (name, value) in [
             (
                 "--limit-limit-header (LIMIT_LIMIT_HEADER)",
@@ -507,6 +592,7 @@ impl ServeArgs {
             http_addr,
             backend,
             redis,
+            redis_per_second,
             resilience: ResilienceOptions {
                 deadline: self.redis_deadline,
                 breaker_failures: self.redis_breaker_failures,

@@ -48,6 +48,9 @@ pub struct Settings {
     pub backend: Backend,
     /// Redis connection settings (with `Backend::Redis`).
     pub redis: Option<RedisOptions>,
+    /// The Redis of the counters with one-second windows (`REDIS_PERSECOND`), when they have
+    /// their own; TLS files and the key prefix are the main Redis's.
+    pub redis_per_second: Option<RedisOptions>,
     /// Deadline, circuit breaker and `local` failure mode of a shared store.
     pub resilience: ResilienceOptions,
     /// Entries of the local over-limit cache (0: off).
@@ -149,6 +152,7 @@ impl Settings {
             grpc_max_in_flight: 1024,
             backend: Backend::Memory,
             redis: None,
+            redis_per_second: None,
             resilience: ResilienceOptions::default(),
             local_cache_keys: 0,
             response: ResponseOptions::default(),

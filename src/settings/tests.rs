@@ -154,3 +154,34 @@ fn a_tiny_local_cache_gets_the_reference_floor_and_zero_stays_off() {
     assert_eq!(keys("0"), 0);
     assert_eq!(keys("16777216"), 16_777_216 / 128);
 }
+
+#[test]
+fn redis_persecond_takes_its_own_redis_and_names_what_is_missing() {
+    let s = settings(&[
+        "--redis-url",
+        "127.0.0.1:6379",
+        "--redis-pool-size",
+        "3",
+        "--redis-persecond=true",
+        "--redis-persecond-url",
+        "127.0.0.1:6380",
+        "--redis-persecond-auth",
+        "secret",
+    ])
+    .unwrap();
+    let main = s.redis.unwrap();
+    let fast = s.redis_per_second.unwrap();
+    assert_eq!((main.url.as_str(), main.connections), ("127.0.0.1:6379", 3));
+    assert_eq!(fast.url, "127.0.0.1:6380");
+    assert_eq!(fast.auth.as_deref(), Some("secret"));
+    assert_eq!(main.auth, None);
+    assert_eq!(fast.connections, 2);
+
+    let missing = settings(&["--redis-url", "127.0.0.1:6379", "--redis-persecond=true"]);
+    assert!(
+        missing.unwrap_err().name.contains("REDIS_PERSECOND_URL"),
+        "the error names the missing setting"
+    );
+    let memory = settings(&["--backend", "memory", "--redis-persecond=true"]);
+    assert!(memory.unwrap_err().name.contains("REDIS_PERSECOND"));
+}

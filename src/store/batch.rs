@@ -62,6 +62,34 @@ pub struct Batch {
     /// When the caller stops waiting (its gRPC deadline), if it said: a shared store's answer
     /// after that is worth nothing to it, so the failure policy answers before.
     pub deadline: Option<std::time::Instant>,
+    /// For a batch of refunds only: the store time (µs) at which the hits were charged. A
+    /// windowed counter whose window has moved on since is left alone, so that a refund never
+    /// takes from a window that the charge did not go to.
+    pub charged_at: Option<crate::algorithm::Micros>,
+}
+
+impl Batch {
+    /// Whether `op` of this batch is a refund that would take from a later window than the
+    /// one its hits were charged to (see [`Batch::charged_at`]): it must change nothing.
+    pub fn stale_refund(&self, op: &CounterOp, now: crate::algorithm::Micros) -> bool {
+        use crate::algorithm::Algorithm;
+        op.hits < 0
+            && matches!(
+                op.limit.algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindow
+            )
+            && op.limit.window > 0
+            && self
+                .charged_at
+                .is_some_and(|t| t / op.limit.window != now / op.limit.window)
+    }
+
+    /// The window start a refund of `op` must still be in, for stores that check it
+    /// themselves (the Redis script); `None` when the batch names no charge time.
+    pub fn refund_guard(&self, op: &CounterOp) -> Option<crate::algorithm::Micros> {
+        let t = self.charged_at?;
+        (op.limit.window > 0).then(|| t - t % op.limit.window)
+    }
 }
 
 /// Which requests a batch admits.
@@ -92,6 +120,9 @@ pub struct Applied {
     /// remembered as over. Every operation on that counter was answered from the cache (no
     /// store decided the request); the others were read from the store.
     pub cached: Option<usize>,
+    /// The store's time (µs) of the decision, where it has one clock (one Redis node, the
+    /// memory store): what a later refund of these charges names in [`Batch::charged_at`].
+    pub decided_at: Option<crate::algorithm::Micros>,
 }
 
 /// Whether a request whose operations got `decisions` is admitted.

@@ -183,8 +183,23 @@ impl MemoryStore {
     }
 
     fn apply_now(&self, batch: &Batch) -> Applied {
+        let now = self.shared.clock.now();
+        if batch.ops.iter().any(|op| batch.stale_refund(op, now)) {
+            // Refunds into a later window than their charge's change nothing: checked only.
+            let mut checked = batch.clone();
+            for op in &mut checked.ops {
+                if batch.stale_refund(op, now) {
+                    op.hits = 0;
+                }
+            }
+            checked.charged_at = None;
+            return self.apply_at(&checked, now);
+        }
+        self.apply_at(batch, now)
+    }
+
+    fn apply_at(&self, batch: &Batch, now: Micros) -> Applied {
         let shared = &*self.shared;
-        let now = shared.clock.now();
         let digests: Vec<Digest> = batch
             .ops
             .iter()
@@ -242,6 +257,7 @@ impl MemoryStore {
             admitted,
             degraded: false,
             cached: None,
+            decided_at: Some(now),
         }
     }
 }

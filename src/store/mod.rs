@@ -6,6 +6,7 @@
 //! - [`redis`]: Redis, Redis Cluster or Sentinel: one limit for the whole fleet.
 //! - [`resilient`]: deadline, circuit breaker and `failure_mode` around a shared store.
 //! - [`overlimit`]: answers keys known to be over the limit without a store round trip.
+//! - [`split`]: per-second counters on a Redis of their own (`REDIS_PERSECOND`).
 
 mod batch;
 mod digest;
@@ -14,6 +15,7 @@ pub mod memory;
 pub mod overlimit;
 pub mod redis;
 pub mod resilient;
+pub mod split;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,6 +27,7 @@ pub use memory::MemoryStore;
 pub use overlimit::OverLimitCache;
 pub use redis::RedisStore;
 pub use resilient::Resilient;
+pub use split::PerSecondSplit;
 
 /// A boxed future, so that [`Store`] stays object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

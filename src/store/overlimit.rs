@@ -139,6 +139,7 @@ impl OverLimitCache {
                 ops: others.iter().map(|&i| batch.ops[i].clone()).collect(),
                 admission: Admission::Never,
                 deadline: batch.deadline,
+                charged_at: None,
             };
             match self.inner.apply(&read).await {
                 Ok(applied) => {
@@ -165,6 +166,7 @@ impl OverLimitCache {
             admitted: false,
             degraded: false,
             cached: Some(over),
+            decided_at: None,
         })
     }
 }

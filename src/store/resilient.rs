@@ -229,6 +229,7 @@ impl Resilient {
                 ops: local_ops,
                 admission: batch.admission,
                 deadline: None,
+                charged_at: None,
             };
             let applied = self.local.apply(&local_batch).await?;
             for (i, d) in local_index.into_iter().zip(applied.decisions) {
@@ -241,6 +242,7 @@ impl Resilient {
             decisions,
             degraded: true,
             cached: None,
+            decided_at: None,
         })
     }
 }

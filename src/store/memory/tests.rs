@@ -33,6 +33,7 @@ fn apply(store: &MemoryStore, ops: Vec<CounterOp>) -> Applied {
         ops,
         admission: Admission::ByRule,
         deadline: None,
+        charged_at: None,
     })
 }
 
@@ -122,6 +123,7 @@ async fn concurrent_requests_never_admit_more_than_the_limit() {
                     }],
                     admission: Admission::ByRule,
                     deadline: None,
+                    charged_at: None,
                 };
                 admitted += u32::from(store.apply(&batch).await.unwrap().admitted);
             }

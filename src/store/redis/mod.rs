@@ -174,19 +174,29 @@ impl RedisStore {
                 admitted: true,
                 degraded: false,
                 cached: None,
+                decided_at: None,
             });
         }
+        // Refunds of a charge made at a known time stay in its windows.
+        let guards: Option<Vec<i64>> = batch.charged_at.map(|_| {
+            batch
+                .ops
+                .iter()
+                .map(|op| batch.refund_guard(op).map_or(-1, |g| g as i64))
+                .collect()
+        });
         if !self.shared.connector.is_cluster() {
             // One call per request at most; requests that arrive while a call is in flight
             // go together in the next.
             let ops: Vec<&CounterOp> = batch.ops.iter().collect();
-            let part = self.part(&ops, batch.admission, false, None);
+            let part = self.part(&ops, batch.admission, false, guards.as_deref());
             let reply = Shared::submit(&self.shared, part).await?;
             return Ok(Applied {
                 decisions: reply.decisions,
                 admitted: reply.admitted,
                 degraded: false,
                 cached: None,
+                decided_at: Some(reply.now),
             });
         }
 
@@ -201,18 +211,23 @@ impl RedisStore {
                 .push(i);
         }
         // The groups' calls go out together (each to its slot's node): one round trip.
-        let groups: Vec<(Vec<usize>, Vec<&CounterOp>)> = groups
+        type Group<'b> = (Vec<usize>, Vec<&'b CounterOp>, Option<Vec<i64>>);
+        let groups: Vec<Group<'_>> = groups
             .into_values()
             .map(|indices| {
                 let ops = indices.iter().map(|&i| &batch.ops[i]).collect();
-                (indices, ops)
+                let group_guards = guards
+                    .as_ref()
+                    .map(|g| indices.iter().map(|&i| g[i]).collect());
+                (indices, ops, group_guards)
             })
             .collect();
         let replies: Vec<Result<Reply, StoreError>> = join_all(
             groups
                 .iter()
-                .map(|(_, ops)| {
-                    Box::pin(self.call(ops, batch.admission, true, None)) as BoxFuture<'_, _>
+                .map(|(_, ops, guards)| {
+                    Box::pin(self.call(ops, batch.admission, true, guards.as_deref()))
+                        as BoxFuture<'_, _>
                 })
                 .collect(),
         )
@@ -220,7 +235,7 @@ impl RedisStore {
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
         let mut charged: Vec<(Vec<usize>, Micros)> = Vec::new();
         let mut failure = None;
-        for ((indices, _), reply) in groups.into_iter().zip(replies) {
+        for ((indices, _, _), reply) in groups.into_iter().zip(replies) {
             match reply {
                 Ok(reply) => {
                     for (&i, d) in indices.iter().zip(reply.decisions) {
@@ -247,6 +262,8 @@ impl RedisStore {
                 admitted,
                 degraded: false,
                 cached: None,
+                // One clock per node: no single time the charges were made at.
+                decided_at: None,
             }),
             (_, Some(e)) => Err(e),
             (None, None) => Err(StoreError::Internal(
