@@ -262,8 +262,9 @@ impl RedisStore {
                 admitted,
                 degraded: false,
                 cached: None,
-                // One clock per node: no single time the charges were made at.
-                decided_at: None,
+                // One clock per node, all within a few milliseconds: the earliest stands for
+                // them (a later refund's window check is then at most that far off).
+                decided_at: charged.iter().map(|(_, now)| *now).min(),
             }),
             (_, Some(e)) => Err(e),
             (None, None) => Err(StoreError::Internal(
