@@ -4,6 +4,7 @@
 pub mod certs;
 pub mod envoy;
 pub mod redis;
+pub mod reference;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
