@@ -543,6 +543,9 @@ impl Metrics {
         if event.from_cache {
             h.over_limit.inc_by(hits);
             h.over_limit_with_local_cache.inc_by(hits);
+            if event.rule.is_some_and(|r| r.shadow_mode) {
+                h.shadow_mode.inc_by(hits);
+            }
             return;
         }
         let limit = event.limit.algorithm_limit();

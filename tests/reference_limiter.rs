@@ -371,7 +371,6 @@ async fn a_shadow_rule_past_its_limit_stays_ok() {
 /// shadow rule past its limit, the over-limit cache answers it (no Redis call), counting
 /// `over_limit_with_local_cache` as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "undocumented difference: the over-limit cache never remembers a shadow rule's counter, so every request on it still goes to Redis and over_limit_with_local_cache stays 0"]
 async fn a_shadow_rule_past_its_limit_is_answered_from_the_cache() {
     let store = Store::redis_with_local_cache();
     let (server, mut client) = start(&store).await;
@@ -630,7 +629,6 @@ async fn status_from_the_over_limit_cache() {
 /// base_limiter_test.go:199 TestGetResponseStatusOverLimitWithLocalCacheShadowMode: the same
 /// for a shadow rule: OK, 0 left, 2 hits over, from the cache, and in shadow mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "undocumented difference: the over-limit cache never remembers a shadow rule's counter, so every request on it still goes to Redis and over_limit_with_local_cache stays 0"]
 async fn shadow_status_from_the_over_limit_cache() {
     answered_from_the_cache("shadow", true).await;
 }

@@ -407,10 +407,10 @@ async fn a_failing_store_is_a_redis_error() {
 
 /// ratelimit_test.go:506 TestInitialLoadError: when the first config fails to load, the
 /// reference keeps serving, answering each request with the error `no rate limit
-/// configuration loaded`, counted as `service_error`.
+/// configuration loaded`. Difference (README, "a config that fails to load at startup"):
+/// Sluice does not start (`sluice serve` exits 64) and says which file and what is wrong.
 #[tokio::test]
-#[ignore = "undocumented difference: an invalid config at startup stops `sluice serve` (exit 64; README 'Settings' says so) instead of a service answering errors"]
-async fn a_first_config_that_fails_to_load_leaves_requests_answered_with_an_error() {
+async fn a_first_config_that_fails_to_load_stops_startup_with_the_error() {
     let dir = config_dir(
         "initial-error",
         &[(
@@ -418,10 +418,16 @@ async fn a_first_config_that_fails_to_load_leaves_requests_answered_with_an_erro
             "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
         )],
     );
-    let prepared = sluice::app::prepare(Settings::for_tests(dir));
+    let Err(error) = sluice::app::prepare(Settings::for_tests(dir)) else {
+        panic!("an invalid first config must stop startup");
+    };
+    let sluice::app::AppError::Config(errors) = error else {
+        panic!("not a config error: {error}");
+    };
+    let message = errors[0].to_string();
     assert!(
-        prepared.is_ok(),
-        "the reference starts and answers every request with an error"
+        message.contains("bad.yaml") && message.contains("fortnight"),
+        "{message}"
     );
 }
 

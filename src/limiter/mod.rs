@@ -82,7 +82,7 @@ enum Plan<'p> {
     /// Unknown domain, no matching rule, or a whitelisted node.
     NoLimit,
     /// `unlimited: true`.
-    Unlimited { rule: &'p Rule },
+    Unlimited,
     /// Counted limits: a configured rule's, or (rule `None`) a request override.
     Counted {
         rule: Option<&'p Rule>,
@@ -188,11 +188,13 @@ impl Limiter {
             self.observer.store_call(started.elapsed(), answered);
             Some(result?)
         };
-        // The counter the over-limit cache refused, if it did: its events say so.
-        let cached = applied
+        // The counters the over-limit cache refused, if it did: their events say so.
+        let cached: Vec<&CounterKey> = applied
             .as_ref()
-            .and_then(|a| a.cached)
-            .map(|i| &batch.ops[i].key);
+            .map_or(&[][..], |a| &a.cached[..])
+            .iter()
+            .map(|&i| &batch.ops[i].key)
+            .collect();
         if let Some(a) = &applied
             && batch.admission == Admission::Always
             && !crate::store::admitted(&batch.ops, &a.decisions, Admission::ByRule)
@@ -216,7 +218,7 @@ impl Limiter {
                     remaining: 0,
                     reset_after: None,
                 },
-                Plan::Unlimited { .. } => DescriptorStatus {
+                Plan::Unlimited => DescriptorStatus {
                     code: Code::Ok,
                     limit: None,
                     remaining: UNLIMITED_REMAINING,
@@ -245,7 +247,7 @@ impl Limiter {
                             descriptor,
                             limit,
                             decision,
-                            from_cache: cached == Some(&op.key),
+                            from_cache: cached.contains(&&op.key),
                         });
                     }
                     // Hits of an allowed descriptor in a rejected request were not charged.
@@ -417,20 +419,20 @@ fn status(
     }
 }
 
-/// The `metadata` of every matched rule whose descriptor is not over the limit, merged in
-/// request order (the reference's dynamic metadata); `None` when there is none.
+/// The `metadata` of every counted rule whose descriptor is not over the limit, merged in
+/// request order (the reference's dynamic metadata, which leaves `unlimited` rules out);
+/// `None` when there is none.
 fn merged_metadata(
     plans: &[Plan<'_>],
     statuses: &[DescriptorStatus],
 ) -> Option<BTreeMap<String, MetaValue>> {
     let mut merged: Option<BTreeMap<String, MetaValue>> = None;
     for (plan, status) in plans.iter().zip(statuses) {
-        let rule = match plan {
-            Plan::Counted {
-                rule: Some(rule), ..
-            }
-            | Plan::Unlimited { rule } => rule,
-            _ => continue,
+        let Plan::Counted {
+            rule: Some(rule), ..
+        } = plan
+        else {
+            continue;
         };
         if let Some(metadata) = &rule.metadata
             && status.code != Code::OverLimit
@@ -523,7 +525,7 @@ fn plan<'p>(domain: Option<&'p Domain>, request: &Request) -> Vec<Plan<'p>> {
             };
             replaced.extend(rule.replaces.iter().map(String::as_str));
             match rule.limit {
-                RuleLimit::Unlimited => Plan::Unlimited { rule },
+                RuleLimit::Unlimited => Plan::Unlimited,
                 RuleLimit::Limited(ref limits) => Plan::Counted {
                     rule: Some(rule),
                     limits: match (&rule.priorities, descriptor.entries.last()) {

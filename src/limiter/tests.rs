@@ -16,6 +16,7 @@ descriptors:
   - key: vip
     rate_limit: {unit: minute, requests_per_unit: 100, name: vip, replaces: [{name: per_user}]}
   - key: free
+    metadata: {tier: free}
     rate_limit: {unlimited: true}
   - key: open
   - key: shadow
@@ -416,4 +417,14 @@ async fn a_shadow_rule_reports_what_it_would_have_said() {
         (r.code, r.statuses[0].code, r.statuses[0].remaining),
         (Code::Ok, Code::Ok, 0)
     );
+}
+
+/// envoyproxy/ratelimit leaves `unlimited` rules out of the dynamic metadata (it drops
+/// unlimited limits before merging); a counted rule's metadata is merged.
+#[tokio::test]
+async fn unlimited_rules_bring_no_metadata() {
+    let (limiter, _) = limiter();
+    let r = check(&limiter, vec![descriptor(&[("free", "x")], 1)]).await;
+    assert_eq!(r.statuses[0].remaining, UNLIMITED_REMAINING);
+    assert_eq!(r.metadata, None);
 }

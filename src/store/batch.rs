@@ -116,10 +116,9 @@ pub struct Applied {
     pub admitted: bool,
     /// Whether the decisions came from the failure policy rather than the store.
     pub degraded: bool,
-    /// When the local over-limit cache rejected the request: the index of an operation it
-    /// remembered as over. Every operation on that counter was answered from the cache (no
-    /// store decided the request); the others were read from the store.
-    pub cached: Option<usize>,
+    /// The operations the local over-limit cache answered (refusals it remembered), by index;
+    /// no store decided them. Empty when it answered none.
+    pub cached: Vec<usize>,
     /// The store's time (µs) of the decision, where it has one clock (one Redis node, the
     /// memory store): what a later refund of these charges names in [`Batch::charged_at`].
     pub decided_at: Option<crate::algorithm::Micros>,

@@ -256,7 +256,7 @@ impl MemoryStore {
             decisions,
             admitted,
             degraded: false,
-            cached: None,
+            cached: Vec::new(),
             decided_at: Some(now),
         }
     }

@@ -5,8 +5,11 @@
 //! most loaded. The other counters of a request are read in one call that charges nothing,
 //! so that every status is the one the store would give.
 //!
-//! Only enforced counters are cached (a shadow or quota counter alone does not reject a
-//! request), only real store answers (not failure-mode ones), and a refund through this
+//! A shadow counter known to be over is answered from the cache too, as the reference does:
+//! it rejects nothing, and the store decides the request's other counters (none: no call).
+//!
+//! Enforced and shadow counters are cached (a quota counter's refusal alone decides
+//! nothing), only real store answers (not failure-mode ones), and a refund through this
 //! instance forgets the key (capacity came back before `t`). A cached refusal answers only
 //! requests it certainly covers: at least as many hits, and a limit no larger (the classes of
 //! a `priorities` rule share one counter with different shares: a refused `low` says
@@ -65,9 +68,22 @@ impl Over {
     }
 }
 
-/// Whether a refusal of `op` may be cached.
+/// Whether a refusal of `op` may be cached: an enforced or shadow counter's (a quota
+/// counter's refusal alone decides nothing), never a concurrency counter's.
 fn cacheable(op: &CounterOp) -> bool {
-    op.role == Role::Enforce && op.hits > 0 && op.limit.algorithm != Algorithm::Concurrency
+    matches!(op.role, Role::Enforce | Role::Shadow)
+        && op.hits > 0
+        && op.limit.algorithm != Algorithm::Concurrency
+}
+
+/// The decision for `op`, remembered as refused until `until`.
+fn refusal(op: &CounterOp, until: Micros, now: Micros) -> Decision {
+    Decision {
+        allowed: false,
+        remaining: 0,
+        reset_after: op.limit.window_left(now).max(until - now),
+        retry_after: Some(until - now),
+    }
 }
 
 impl OverLimitCache {
@@ -91,49 +107,54 @@ impl OverLimitCache {
     }
 
     async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
-        let refusals = &self.refusals;
-        let now = refusals.clock.now();
-        // A request with an enforced counter known to be over is rejected; rejected
-        // requests charge nothing, so the store need not decide it.
-        let cached =
-            if batch.admission != Admission::ByRule || batch.ops.iter().any(|op| op.hits < 0) {
-                None // global shadow mode admits anyway; refunds must reach the store
-            } else {
-                batch.ops.iter().enumerate().find_map(|(i, op)| {
-                    cacheable(op)
-                        .then(|| refusals.over_until(op, now))
-                        .flatten()
-                        .map(|until| (i, until))
-                })
-            };
-        let Some((over, until)) = cached else {
-            let applied = self.inner.apply(batch).await?;
-            if !applied.degraded {
-                refusals.learn(batch, &applied, now);
-            }
-            return Ok(applied);
-        };
-        let refused = Decision {
-            allowed: false,
-            remaining: 0,
-            reset_after: 0,
-            retry_after: Some(until - now),
-        };
-        let mut decisions: Vec<Decision> = batch
+        let now = self.refusals.clock.now();
+        if batch.admission != Admission::ByRule || batch.ops.iter().any(|op| op.hits < 0) {
+            // Global shadow mode admits anyway; refunds must reach the store.
+            return self.decide(batch, now).await;
+        }
+        // Until when the cache knows each operation's counter to be over, if it does.
+        let known: Vec<Option<Micros>> = batch
             .ops
             .iter()
-            .map(|op| Decision {
-                reset_after: op.limit.window_left(now).max(until - now),
-                ..refused
+            .map(|op| {
+                cacheable(op)
+                    .then(|| self.refusals.over_until(op, now))
+                    .flatten()
             })
             .collect();
+        let over = (0..batch.ops.len())
+            .find(|&i| known[i].is_some() && batch.ops[i].role == Role::Enforce);
+        if let Some(over) = over {
+            return Ok(self
+                .reject(batch, over, known[over].unwrap_or(now), now)
+                .await);
+        }
+        if known.iter().all(Option::is_none) {
+            return self.decide(batch, now).await;
+        }
+        self.decide_without(batch, &known, now).await
+    }
+
+    /// The store decides `batch`; its refusals are remembered.
+    async fn decide(&self, batch: &Batch, now: Micros) -> Result<Applied, StoreError> {
+        let applied = self.inner.apply(batch).await?;
+        if !applied.degraded {
+            self.refusals.learn(batch, &applied, now);
+        }
+        Ok(applied)
+    }
+
+    /// A request with an enforced counter known to be over until `until` is rejected; a
+    /// rejected request charges nothing, so the store need not decide it.
+    async fn reject(&self, batch: &Batch, over: usize, until: Micros, now: Micros) -> Applied {
+        let over_key = &batch.ops[over].key;
+        let (cached, others): (Vec<usize>, Vec<usize>) =
+            (0..batch.ops.len()).partition(|&i| batch.ops[i].key == *over_key);
+        let mut decisions: Vec<Decision> =
+            batch.ops.iter().map(|op| refusal(op, until, now)).collect();
         // The other counters' statuses are the store's: it reads them as for a rejected
         // request (nothing charged) in one call, which a request carrying only the cached
         // key does not need, so a flood on a hot abusive key still costs no round trip.
-        let over_key = &batch.ops[over].key;
-        let others: Vec<usize> = (0..batch.ops.len())
-            .filter(|&i| batch.ops[i].key != *over_key)
-            .collect();
         if !others.is_empty() {
             let read = Batch {
                 ops: others.iter().map(|&i| batch.ops[i].clone()).collect(),
@@ -161,12 +182,57 @@ impl OverLimitCache {
                 }
             }
         }
-        Ok(Applied {
+        Applied {
             decisions,
             admitted: false,
             degraded: false,
-            cached: Some(over),
+            cached,
             decided_at: None,
+        }
+    }
+
+    /// A request with shadow counters known to be over: those are answered from the cache
+    /// (they reject nothing, and a refused counter is not charged), the store decides the
+    /// others, if any.
+    async fn decide_without(
+        &self,
+        batch: &Batch,
+        known: &[Option<Micros>],
+        now: Micros,
+    ) -> Result<Applied, StoreError> {
+        let (cached, rest): (Vec<usize>, Vec<usize>) =
+            (0..batch.ops.len()).partition(|&i| known[i].is_some());
+        let mut decisions: Vec<Decision> = batch
+            .ops
+            .iter()
+            .zip(known)
+            .map(|(op, until)| refusal(op, until.unwrap_or(now), now))
+            .collect();
+        if rest.is_empty() {
+            return Ok(Applied {
+                admitted: super::admitted(&batch.ops, &decisions, batch.admission),
+                decisions,
+                degraded: false,
+                cached,
+                decided_at: None,
+            });
+        }
+        let rest_batch = Batch {
+            ops: rest.iter().map(|&i| batch.ops[i].clone()).collect(),
+            admission: batch.admission,
+            deadline: batch.deadline,
+            charged_at: None,
+        };
+        let applied = self.decide(&rest_batch, now).await?;
+        for (&i, decision) in rest.iter().zip(&applied.decisions) {
+            decisions[i] = *decision;
+        }
+        Ok(Applied {
+            decisions,
+            admitted: applied.admitted,
+            degraded: applied.degraded,
+            cached,
+            decided_at: applied.decided_at,
         })
     }
 }

@@ -241,7 +241,7 @@ impl Resilient {
             admitted: admitted(&batch.ops, &decisions, batch.admission),
             decisions,
             degraded: true,
-            cached: None,
+            cached: Vec::new(),
             decided_at: None,
         })
     }

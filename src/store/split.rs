@@ -88,7 +88,7 @@ impl PerSecondSplit {
 
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
         let mut failure = None;
-        let (mut degraded, mut cached) = (false, None);
+        let (mut degraded, mut cached) = (false, Vec::new());
         for (half, reply) in halves.iter().zip(&replies) {
             match reply {
                 Ok(applied) => {
@@ -96,7 +96,7 @@ impl PerSecondSplit {
                         decisions[i] = Some(*d);
                     }
                     degraded |= applied.degraded;
-                    cached = cached.or(applied.cached.map(|c| half.indices[c]));
+                    cached.extend(applied.cached.iter().map(|&c| half.indices[c]));
                 }
                 Err(e) => failure = Some(e.clone()),
             }

@@ -173,7 +173,7 @@ impl RedisStore {
                 decisions: Vec::new(),
                 admitted: true,
                 degraded: false,
-                cached: None,
+                cached: Vec::new(),
                 decided_at: None,
             });
         }
@@ -195,7 +195,7 @@ impl RedisStore {
                 decisions: reply.decisions,
                 admitted: reply.admitted,
                 degraded: false,
-                cached: None,
+                cached: Vec::new(),
                 decided_at: Some(reply.now),
             });
         }
@@ -261,7 +261,7 @@ impl RedisStore {
                 decisions,
                 admitted,
                 degraded: false,
-                cached: None,
+                cached: Vec::new(),
                 // One clock per node, all within a few milliseconds: the earliest stands for
                 // them (a later refund's window check is then at most that far off).
                 decided_at: charged.iter().map(|(_, now)| *now).min(),
