@@ -402,6 +402,7 @@ impl Metrics {
             return ([event.domain.to_owned(), rule, key(0), key(1)], false);
         };
         let detailed = rule.detailed_metric || rule.value_to_metric;
+        let detailed_empty = rule.detailed_metric && rule.shared.iter().all(Option::is_none);
         let parts: Vec<String> = rule
             .levels
             .iter()
@@ -419,7 +420,12 @@ impl Metrics {
                     && (rule.detailed_metric
                         || (level.value_to_metric && (configured.is_none() || wildcard)));
                 match (use_runtime, runtime, configured) {
-                    (true, Some(v), _) if !v.is_empty() => format!("{key}_{}", label_value(v)),
+                    // The reference writes `key_value` for every detailed level, `key_` for
+                    // an empty value (unless the path shares a counter), and leaves an empty
+                    // value_to_metric value out.
+                    (true, Some(v), _) if !v.is_empty() || detailed_empty => {
+                        format!("{key}_{}", label_value(v))
+                    }
                     (_, _, Some(c)) => format!("{key}_{c}"),
                     _ => key.clone(),
                 }

@@ -229,6 +229,16 @@ descriptors:
         series_name(&detailed, &request).await,
         "m.route_draw.http_method_GET.subject_id_123"
     );
+    // config_test.go TestDetailedMetric builds `key_value` for each level: `key_` when the
+    // value is empty.
+    assert_eq!(
+        series_name(
+            &detailed,
+            &[("route", "draw"), ("http_method", ""), ("subject_id", "1")]
+        )
+        .await,
+        "m.route_draw.http_method_.subject_id_1"
+    );
     // TestValueToMetric_MidLevelOnly
     let mid = "domain: m
 descriptors:
