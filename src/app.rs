@@ -191,7 +191,7 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
         store = store.status().kind,
         "rate limit config loaded"
     );
-    let config = Arc::new(std::sync::RwLock::new(ConfigInfo {
+    let config = Arc::new(parking_lot::RwLock::new(ConfigInfo {
         directory: settings.config_dir.display().to_string(),
         files: loaded.files,
         last_reload: None,

@@ -10,8 +10,9 @@
 //! type, config loads, store latency, errors, breaker state and failure-mode answers, and
 //! the memory store's size.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
@@ -284,10 +285,7 @@ impl Metrics {
         }
         self.memory_full.set(i64::from(store.full));
         {
-            let mut seen = self
-                .failure_mode_seen
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut seen = self.failure_mode_seen.lock();
             for (i, mode) in ["allow", "deny", "local"].iter().enumerate() {
                 let now = store.failure_mode_answers[i];
                 self.failure_mode
@@ -339,12 +337,9 @@ impl Metrics {
             .map(|r| r.stats_key.as_str())
             .collect();
         // The fast-path cache refills itself from `handles`; rules may have changed flags.
-        self.by_rule
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-        let mut handles = self.handles.write().unwrap_or_else(|p| p.into_inner());
-        let mut detailed = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
+        self.by_rule.write().clear();
+        let mut handles = self.handles.write();
+        let mut detailed = self.detailed.lock();
         handles.retain(|labels, (owner, _)| {
             let keep = owner.as_deref().is_none_or(|o| live.contains(o));
             if !keep {
@@ -359,12 +354,7 @@ impl Metrics {
     }
 
     fn handles(&self, labels: [String; 4], owner: Option<&str>) -> Arc<RuleHandles> {
-        if let Some((_, h)) = self
-            .handles
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&labels)
-        {
+        if let Some((_, h)) = self.handles.read().get(&labels) {
             return h.clone();
         }
         let values: Vec<&str> = labels.iter().map(String::as_str).collect();
@@ -379,7 +369,6 @@ impl Metrics {
         });
         self.handles
             .write()
-            .unwrap_or_else(|p| p.into_inner())
             .entry(labels)
             .or_insert((owner.map(str::to_owned), handles))
             .1
@@ -464,13 +453,7 @@ impl Observer for Metrics {
         let plain = event
             .rule
             .filter(|r| !r.detailed_metric && !r.value_to_metric);
-        let cached = plain.and_then(|rule| {
-            self.by_rule
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&rule.stats_key)
-                .cloned()
-        });
+        let cached = plain.and_then(|rule| self.by_rule.read().get(&rule.stats_key).cloned());
         let h = match cached {
             Some(h) => h,
             None => self.series(event, hits, plain),
@@ -481,10 +464,7 @@ impl Observer for Metrics {
     fn domain_not_found(&self, domain: &str) {
         let domain = label_value(domain);
         let known = {
-            let mut seen = self
-                .unknown_domains
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut seen = self.unknown_domains.lock();
             seen.contains(domain.as_ref())
                 || (seen.len() < MAX_UNKNOWN_DOMAINS && seen.insert(domain.clone().into_owned()))
         };
@@ -515,7 +495,7 @@ impl Metrics {
     ) -> Arc<RuleHandles> {
         let (mut labels, detailed) = self.labels(event);
         if detailed {
-            let mut seen = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
+            let mut seen = self.detailed.lock();
             if !seen.contains(&labels) {
                 if seen.len() >= self.max_detailed {
                     labels = [
@@ -534,7 +514,6 @@ impl Metrics {
         if let Some(rule) = plain {
             self.by_rule
                 .write()
-                .unwrap_or_else(|p| p.into_inner())
                 .insert(rule.stats_key.clone(), h.clone());
         }
         h

@@ -16,8 +16,9 @@
 //! Counters live in the store under keys derived from the rules, so the counters of rules a
 //! reload leaves unchanged carry on.
 
+use parking_lot::RwLock;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::config::{self, ConfigError, LoadOptions, Loaded};
@@ -109,7 +110,7 @@ impl Reloader {
                     domains,
                     "config reloaded"
                 );
-                let mut info = self.info.write().unwrap_or_else(|p| p.into_inner());
+                let mut info = self.info.write();
                 info.last_reload = Some(format!("ok at {} ({reason})", timestamp()));
                 info.files = loaded.files;
                 true
@@ -119,7 +120,7 @@ impl Reloader {
                 for error in &errors {
                     tracing::warn!(%error, "config reload rejected; the previous config stays");
                 }
-                let mut info = self.info.write().unwrap_or_else(|p| p.into_inner());
+                let mut info = self.info.write();
                 info.last_reload = Some(format!(
                     "rejected at {} ({reason}), previous config kept: {}",
                     timestamp(),

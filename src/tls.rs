@@ -6,8 +6,9 @@
 //! count toward the gRPC connection cap from accept on, and the TLS handshake and then the
 //! HTTP/2 preface must be over within the handshake timeout (see [`crate::connection`]).
 
+use parking_lot::{Mutex, RwLock};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustls::ServerConfig;
@@ -58,7 +59,7 @@ impl ReloadingTls {
     /// that does not load (e.g. a key written before its certificate) keeps the previous one.
     pub fn config(&self) -> Arc<ServerConfig> {
         let due = {
-            let mut last = self.last_check.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = self.last_check.lock();
             let due = last.elapsed() >= CHECK_INTERVAL;
             if due {
                 *last = Instant::now();
@@ -67,12 +68,12 @@ impl ReloadingTls {
         };
         if due {
             let now = stamps(&self.files);
-            let changed = self.current.read().unwrap_or_else(|p| p.into_inner()).0 != now;
+            let changed = self.current.read().0 != now;
             if changed {
                 match build(&self.files) {
                     Ok(config) => {
                         tracing::info!("TLS certificates reloaded");
-                        *self.current.write().unwrap_or_else(|p| p.into_inner()) = (now, config);
+                        *self.current.write() = (now, config);
                     }
                     Err(error) => {
                         tracing::warn!(%error, "TLS certificates changed but do not load; keeping the previous ones")
@@ -80,11 +81,7 @@ impl ReloadingTls {
                 }
             }
         }
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            .clone()
+        self.current.read().1.clone()
     }
 }
 

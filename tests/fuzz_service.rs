@@ -82,7 +82,7 @@ fn service() -> (RlsService, AdminState) {
         limiter,
         health,
         metrics: Arc::new(Metrics::new(0.8, 100)),
-        config: Arc::new(std::sync::RwLock::new(ConfigInfo::default())),
+        config: Arc::new(parking_lot::RwLock::new(ConfigInfo::default())),
     };
     (rls, state)
 }

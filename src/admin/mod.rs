@@ -137,11 +137,7 @@ pub fn metrics_text(metrics: &Metrics, limiter: &Limiter) -> Response {
 async fn rlconfig(State(state): State<AdminState>) -> Response {
     let policy = state.limiter.policy();
     let mut out = policy.dump();
-    let config = state
-        .config
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let config = state.config.read().clone();
     let _ = writeln!(
         out,
         "# config: {} domains from {} files in {}: {}",

@@ -27,7 +27,7 @@ fn state(serving: bool) -> AdminState {
         limiter,
         health,
         metrics: Arc::new(Metrics::new(0.8, 100)),
-        config: Arc::new(std::sync::RwLock::new(ConfigInfo {
+        config: Arc::new(parking_lot::RwLock::new(ConfigInfo {
             directory: "cfg".into(),
             files: vec!["d.yaml".into()],
             last_reload: None,

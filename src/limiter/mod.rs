@@ -6,7 +6,9 @@ mod types;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 pub use observe::{LimitEvent, NoObserver, Observer};
 pub use types::{
@@ -71,7 +73,8 @@ const ALL_PRIORITIES: &str = "(all priorities)";
 
 /// The rate limiter: the current policy plus a store.
 pub struct Limiter {
-    policy: RwLock<Arc<Policy>>,
+    /// Swapped whole on reload; read without a lock on every request.
+    policy: ArcSwap<Policy>,
     store: Arc<dyn Store>,
     options: LimiterOptions,
     observer: Arc<dyn Observer>,
@@ -94,7 +97,7 @@ impl Limiter {
     /// A limiter over `policy`, counting in `store`.
     pub fn new(policy: Arc<Policy>, store: Arc<dyn Store>, options: LimiterOptions) -> Self {
         Self {
-            policy: RwLock::new(policy),
+            policy: ArcSwap::new(policy),
             store,
             options,
             observer: Arc::new(NoObserver),
@@ -109,18 +112,12 @@ impl Limiter {
 
     /// The policy currently in force.
     pub fn policy(&self) -> Arc<Policy> {
-        self.policy
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        self.policy.load_full()
     }
 
     /// Replaces the policy as a whole; requests in flight finish on the old one.
     pub fn set_policy(&self, policy: Arc<Policy>) {
-        *self
-            .policy
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = policy;
+        self.policy.store(policy);
     }
 
     /// The store counters live in.

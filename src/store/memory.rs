@@ -1,7 +1,7 @@
 //! The in-memory store: the embedded default, correct for ONE instance only (several
 //! instances with private memory admit the limit once each).
 //!
-//! A fixed number of shards, each a `HashMap` behind its own `std::sync::Mutex` (never held
+//! A fixed number of shards, each a `HashMap` behind its own `parking_lot::Mutex` (never held
 //! across an `.await`: a batch is applied synchronously). A request locks only the shards
 //! its counters live in, in ascending order (so two requests can never deadlock), which
 //! makes the whole batch atomic without a global lock. Idle counters expire: a background
@@ -16,10 +16,11 @@
 
 mod table;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{Applied, Batch, BoxFuture, Store, StoreError, StoreStatus, admitted};
@@ -169,7 +170,7 @@ impl MemoryStore {
             .shared
             .shards
             .iter()
-            .map(|shard| lock(shard).entries.heap_bytes())
+            .map(|shard| shard.lock().entries.heap_bytes())
             .sum();
         (tables + self.shared.shards.len() * size_of::<Mutex<Shard>>()) as u64
     }
@@ -178,7 +179,7 @@ impl MemoryStore {
     pub fn purge_expired(&self) {
         let now = self.shared.clock.now();
         for shard in self.shared.shards.iter() {
-            self.shared.purge(&mut lock(shard), now);
+            self.shared.purge(&mut shard.lock(), now);
         }
     }
 
@@ -210,7 +211,7 @@ impl MemoryStore {
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| lock(&shared.shards[i])).collect();
+            order.iter().map(|&i| shared.shards[i].lock()).collect();
         let guard_of = |op: usize| order.binary_search(&shard_of[op]).expect("shard is locked");
 
         // Decide every operation against the counters plus this batch's own earlier
@@ -309,14 +310,6 @@ impl Pending {
     fn latest(self) -> impl Iterator<Item = (usize, Digest, Transition)> {
         self.charges.into_iter()
     }
-}
-
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding the lock cannot leave a half-written entry (entries are
-    // replaced whole), so a poisoned shard is still consistent.
-    shard
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Store for MemoryStore {
@@ -481,7 +474,7 @@ async fn sweep(shared: Weak<Shared>) {
         };
         for shard in shared.shards.iter() {
             let now = shared.clock.now();
-            shared.purge(&mut lock(shard), now);
+            shared.purge(&mut shard.lock(), now);
             // Let requests run between shards: a sweep of a million keys takes a while.
             tokio::task::yield_now().await;
         }

@@ -16,9 +16,10 @@
 //! nothing about `critical`). Concurrency counters are never cached: their acquisitions
 //! count even when refused, and their releases always reach the store.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::digest::{Digest, DigestHasher, Digester};
 use super::resilient::LateAnswers;
@@ -271,7 +272,7 @@ impl Refusals {
     /// Until when `op` is known to be over the limit, if it is now.
     fn over_until(&self, op: &CounterOp, now: Micros) -> Option<Micros> {
         let key = self.digester.digest(&op.key);
-        let shard = self.shard(&key).lock().unwrap_or_else(|p| p.into_inner());
+        let shard = self.shard(&key).lock();
         shard
             .get(&key)
             .filter(|over| over.covers(op, now))
@@ -280,7 +281,7 @@ impl Refusals {
 
     fn remember(&self, op: &CounterOp, until: Micros, now: Micros) {
         let key = self.digester.digest(&op.key);
-        let mut shard = self.shard(&key).lock().unwrap_or_else(|p| p.into_inner());
+        let mut shard = self.shard(&key).lock();
         if shard.len() >= self.max_per_shard && !shard.contains_key(&key) {
             shard.retain(|_, over| over.until > now);
             if shard.len() >= self.max_per_shard {
@@ -300,10 +301,7 @@ impl Refusals {
 
     fn forget(&self, op: &CounterOp) {
         let key = self.digester.digest(&op.key);
-        self.shard(&key)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key);
+        self.shard(&key).lock().remove(&key);
     }
 }
 

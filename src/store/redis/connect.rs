@@ -3,9 +3,10 @@
 //! of them), made lazily, and remade after failures, so Sluice starts and serves by its
 //! failure policy even while Redis is down.
 
+use parking_lot::{Mutex, RwLock};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -215,7 +216,7 @@ impl Connector {
                 let slot = &inner.slots[i];
                 match result {
                     Ok(Ok(conn)) => {
-                        *slot.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+                        *slot.conn.write() = Some(conn);
                         tracing::info!(connection = i, "connected to redis");
                     }
                     Ok(Err(e)) => slot.failed(e.to_string()),
@@ -226,24 +227,16 @@ impl Connector {
             });
         }
         ready.await;
-        slot.current().map(|conn| (i, conn)).ok_or_else(|| {
-            StoreError::Unavailable(
-                slot.last_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone(),
-            )
-        })
+        slot.current()
+            .map(|conn| (i, conn))
+            .ok_or_else(|| StoreError::Unavailable(slot.last_error.lock().clone()))
     }
 
     /// Forgets connection `i` so that the next use makes a new one (after errors that
     /// reconnecting the same address will not fix, e.g. a Sentinel failover).
     pub fn reset(&self, i: usize) {
         if matches!(self.inner.target, Target::Sentinel(_)) {
-            *self.inner.slots[i]
-                .conn
-                .write()
-                .unwrap_or_else(|p| p.into_inner()) = None;
+            *self.inner.slots[i].conn.write() = None;
         }
     }
 
@@ -260,7 +253,7 @@ impl Connector {
 
 impl Slot {
     fn current(&self) -> Option<ConnHandle> {
-        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.conn.read().clone()
     }
 
     fn failed(&self, error: String) {
@@ -270,7 +263,7 @@ impl Slot {
         if LOGGED.ready() {
             tracing::warn!(%error, "cannot connect to redis");
         }
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+        *self.last_error.lock() = error;
     }
 }
 
