@@ -3,6 +3,7 @@
 
 mod common;
 
+use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -13,7 +14,6 @@ use sluice::store::memory::MemoryOptions;
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::{
     Admission, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store,
-    join_all,
 };
 
 const MINUTE: Micros = 60 * SECOND;
@@ -415,7 +415,7 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
                 charged_at: None,
             })
             .collect();
-        let from_redis = join_all(batches.iter().map(|b| redis_store.apply(b)).collect()).await;
+        let from_redis = join_all(batches.iter().map(|b| redis_store.apply(b))).await;
         for (i, (batch, from_redis)) in batches.iter().zip(from_redis).enumerate() {
             let from_memory = memory.apply(batch).await.unwrap();
             assert_eq!(

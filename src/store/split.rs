@@ -9,11 +9,11 @@
 //! charged for a request the other half rejects gets its hits back, within the windows they
 //! were charged to.
 
+use futures_util::future::join_all;
 use std::sync::Arc;
 
 use super::{
-    Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus,
-    admitted, join_all,
+    Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted,
 };
 use crate::algorithm::{self, Decision, SECOND};
 use crate::logging::Every;
@@ -77,12 +77,11 @@ impl PerSecondSplit {
         }
         let halves = [Half::of(batch, slow, true), Half::of(batch, fast, true)];
         let stores = [&self.main, &self.per_second];
-        let replies = join_all(
+        let replies: Vec<Result<Applied, StoreError>> = join_all(
             halves
                 .iter()
                 .zip(stores)
-                .map(|(half, store)| store.apply(&half.batch))
-                .collect(),
+                .map(|(half, store)| store.apply(&half.batch)),
         )
         .await;
 

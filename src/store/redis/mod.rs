@@ -12,6 +12,7 @@ mod coalesce;
 mod connect;
 mod slot;
 
+use futures_util::future::join_all;
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
@@ -23,8 +24,7 @@ use connect::{ConnHandle, Connector};
 pub use connect::{RedisKind, RedisOptions};
 
 use super::{
-    Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus,
-    admitted, join_all,
+    Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted,
 };
 use crate::algorithm::{self, Algorithm, Decision, Micros};
 use crate::clock::Clock;
@@ -225,11 +225,7 @@ impl RedisStore {
         let replies: Vec<Result<Reply, StoreError>> = join_all(
             groups
                 .iter()
-                .map(|(_, ops, guards)| {
-                    Box::pin(self.call(ops, batch.admission, true, guards.as_deref()))
-                        as BoxFuture<'_, _>
-                })
-                .collect(),
+                .map(|(_, ops, guards)| self.call(ops, batch.admission, true, guards.as_deref())),
         )
         .await;
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
