@@ -20,7 +20,6 @@ use crate::metrics::Metrics;
 use crate::reload::{ConfigInfo, ReloadOptions, Reloader, SharedConfigInfo};
 use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::{Backend, Settings};
-use crate::shutdown::Drain;
 use crate::store::redis::RedisOptions;
 use crate::store::{MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Store};
 use crate::tls::ReloadingTls;
@@ -240,7 +239,8 @@ impl Prepared {
         let health = Arc::new(Health::default());
         health.require_config(self.settings.require_config);
         health.set_config_loaded(self.limiter.policy().domain_count() > 0);
-        let drain = Drain::new();
+        // Tells servers to stop accepting and drain.
+        let drain = tokio_util::sync::CancellationToken::new();
         let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
             .with_metrics(self.metrics.clone());
 
@@ -272,14 +272,20 @@ impl Prepared {
             None => {
                 let incoming =
                     crate::connection::incoming(listeners.grpc, self.settings.grpc_connections);
-                Box::pin(grpc_server.serve_with_incoming_shutdown(incoming, drain.started()))
+                Box::pin(
+                    grpc_server
+                        .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned()),
+                )
             }
             Some(files) => {
                 let tls = Arc::new(ReloadingTls::new(files.clone()).map_err(AppError::Serve)?);
                 tracing::info!(mutual = files.client_ca.is_some(), "gRPC over TLS");
                 let incoming =
                     crate::tls::incoming(listeners.grpc, tls, self.settings.grpc_connections);
-                Box::pin(grpc_server.serve_with_incoming_shutdown(incoming, drain.started()))
+                Box::pin(
+                    grpc_server
+                        .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned()),
+                )
             }
         };
 
@@ -295,7 +301,12 @@ impl Prepared {
             metrics: self.metrics.clone(),
         });
         let admin_limits = self.settings.admin_connections;
-        let http = admin::serve(listeners.http, router, admin_limits, drain.started());
+        let http = admin::serve(
+            listeners.http,
+            router,
+            admin_limits,
+            drain.clone().cancelled_owned(),
+        );
 
         let reloader = Reloader::new(
             ReloadOptions {
@@ -310,8 +321,8 @@ impl Prepared {
             self.metrics.clone(),
             self.config.clone(),
         );
-        let reloading = tokio::spawn(reloader.run(drain.started()));
-        let drain_for_metrics = drain.started();
+        let reloading = tokio::spawn(reloader.run(drain.clone().cancelled_owned()));
+        let drain_for_metrics = drain.clone().cancelled_owned();
         if let (Some(listener), Some(prometheus)) = (listeners.metrics, &self.settings.prometheus) {
             let (limiter, metrics) = (self.limiter.clone(), self.metrics.clone());
             let router = axum::Router::new().route(
@@ -338,7 +349,7 @@ impl Prepared {
                 reporter.clone(),
                 health.clone(),
                 self.limiter.clone(),
-                drain.started(),
+                drain.clone().cancelled_owned(),
             ));
         }
         tracing::info!(grpc = %grpc_addr, http = %http_addr, "serving");
@@ -362,7 +373,7 @@ impl Prepared {
             _ = hurry => {}
         }
         tracing::info!(grace = ?self.settings.shutdown_grace, "draining: no new connections");
-        drain.start();
+        drain.cancel();
         let drained = tokio::time::timeout(self.settings.shutdown_grace, async {
             let _ = grpc.await;
             let _ = http.await;

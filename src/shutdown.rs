@@ -1,7 +1,5 @@
 //! Process signals and the drain signal fanned out to every server.
 
-use tokio::sync::watch;
-
 /// Resolves on SIGTERM or SIGINT (Ctrl-C). The listeners are registered at the call, so a
 /// signal that arrives before the future is first polled still counts.
 pub fn signal() -> impl Future<Output = ()> + Send + 'static {
@@ -48,39 +46,5 @@ pub fn signals(count: usize) -> impl Future<Output = &'static str> + Send + 'sta
             let _ = tokio::signal::ctrl_c().await;
         }
         "Ctrl-C"
-    }
-}
-
-/// Tells servers to stop accepting and drain.
-#[derive(Debug, Clone)]
-pub struct Drain {
-    tx: watch::Sender<bool>,
-}
-
-impl Drain {
-    /// A drain signal not yet given.
-    pub fn new() -> Self {
-        Self {
-            tx: watch::channel(false).0,
-        }
-    }
-
-    /// Starts draining.
-    pub fn start(&self) {
-        self.tx.send_replace(true);
-    }
-
-    /// Resolves once draining has started.
-    pub fn started(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.tx.subscribe();
-        async move {
-            let _ = rx.wait_for(|draining| *draining).await;
-        }
-    }
-}
-
-impl Default for Drain {
-    fn default() -> Self {
-        Self::new()
     }
 }

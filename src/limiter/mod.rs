@@ -136,7 +136,7 @@ impl Limiter {
     pub async fn check_until(
         &self,
         request: &Request,
-        deadline: Option<std::time::Instant>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Response, LimitError> {
         validate(request, &self.options)?;
         let policy = self.policy();

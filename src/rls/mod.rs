@@ -18,12 +18,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
+use futures_util::FutureExt;
+
 use crate::limiter::{LimitError, Limiter};
 use crate::metrics::Metrics;
 
 pub use faults::ClientFaultsLayer;
 pub use headers::{ReferenceHeaders, ResponseOptions};
-pub use unwind::CatchUnwind;
+pub use unwind::panic_message;
 
 /// The gRPC service, a thin adapter over the [`Limiter`].
 #[derive(Clone)]
@@ -60,7 +62,7 @@ impl RlsService {
         &self,
         method: &str,
         request: RateLimitRequest,
-        deadline: Option<std::time::Instant>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, Status> {
         let started = std::time::Instant::now();
         let result = self.answer(request, deadline).await;
@@ -97,7 +99,7 @@ impl RlsService {
     pub async fn answer(
         &self,
         request: RateLimitRequest,
-        deadline: Option<std::time::Instant>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, Status> {
         let summary = self
             .options
@@ -105,10 +107,12 @@ impl RlsService {
             .then(|| metadata::RequestSummary::of(&request));
         let request = convert::request_from_proto(request).map_err(Status::invalid_argument)?;
         // A panic while answering one request is a bug; it must cost that request only.
-        let check = std::pin::pin!(self.limiter.check_until(&request, deadline));
-        let response = CatchUnwind::new(check)
+        let check = std::panic::AssertUnwindSafe(self.limiter.check_until(&request, deadline));
+        let response = check
+            .catch_unwind()
             .await
-            .map_err(|panic| {
+            .map_err(|payload| {
+                let panic = panic_message(payload.as_ref());
                 tracing::error!(domain = %request.domain, %panic, "panic while answering a request");
                 Status::internal("internal error while answering the request")
             })?
@@ -141,7 +145,7 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let deadline = grpc_timeout(request.metadata()).map(|t| std::time::Instant::now() + t);
+        let deadline = grpc_timeout(request.metadata()).map(|t| tokio::time::Instant::now() + t);
         self.answer_counted("ShouldRateLimit", request.into_inner(), deadline)
             .await
             .map(Response::new)

@@ -179,9 +179,10 @@ async fn huge_hits_do_not_overflow() {
 
 #[tokio::test]
 async fn a_panicking_future_becomes_an_error() {
-    let fut = std::pin::pin!(async { panic!("boom") });
-    let result: Result<(), String> = CatchUnwind::new(fut).await;
-    assert_eq!(result.unwrap_err(), "boom");
+    use futures_util::FutureExt;
+    let fut = std::panic::AssertUnwindSafe(async { panic!("boom") });
+    let result: Result<(), _> = fut.catch_unwind().await;
+    assert_eq!(panic_message(result.unwrap_err().as_ref()), "boom");
 }
 
 #[tokio::test]

@@ -61,7 +61,7 @@ pub struct Batch {
     pub admission: Admission,
     /// When the caller stops waiting (its gRPC deadline), if it said: a shared store's answer
     /// after that is worth nothing to it, so the failure policy answers before.
-    pub deadline: Option<std::time::Instant>,
+    pub deadline: Option<tokio::time::Instant>,
     /// For a batch of refunds only: the store time (µs) at which the hits were charged. A
     /// windowed counter whose window has moved on since is left alone, so that a refund never
     /// takes from a window that the charge did not go to.

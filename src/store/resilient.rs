@@ -18,7 +18,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{
     Applied, Batch, BoxFuture, CounterOp, FailureMode, MemoryStore, Store, StoreError, StoreStatus,
@@ -129,7 +129,7 @@ impl Resilient {
     fn deadline_of(&self, batch: &Batch) -> Duration {
         match batch.deadline {
             Some(at) => {
-                let left = at.saturating_duration_since(Instant::now());
+                let left = at.saturating_duration_since(tokio::time::Instant::now());
                 let margin = (left / CALLER_MARGIN_DIVISOR).max(MIN_CALLER_MARGIN);
                 left.saturating_sub(margin).min(self.options.deadline)
             }
