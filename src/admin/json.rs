@@ -211,9 +211,9 @@ fn duration_json(d: &Duration) -> String {
     let nanos = d.nanos.unsigned_abs();
     if nanos == 0 {
         format!("{}s", d.seconds)
-    } else if nanos % 1_000_000 == 0 {
+    } else if nanos.is_multiple_of(1_000_000) {
         format!("{}.{:03}s", d.seconds, nanos / 1_000_000)
-    } else if nanos % 1_000 == 0 {
+    } else if nanos.is_multiple_of(1_000) {
         format!("{}.{:06}s", d.seconds, nanos / 1_000)
     } else {
         format!("{}.{:09}s", d.seconds, nanos)

@@ -1,9 +1,9 @@
 //! Config files → validated [`Policy`], in three stages: read the directory, parse each file
-//! into [`raw`] serde structs, then [`compile`] them with every semantic check.
+//! into [`raw`] serde structs, then `compile` them with every semantic check.
 //!
 //! A load either yields a whole policy or every error found (all files, all rules, not just
 //! the first); nothing is ever half-applied. Before any text reaches the YAML parser, its size
-//! and nesting depth are checked against the bounds in [`limits`].
+//! and nesting depth are checked against the bounds in `limits`.
 
 mod compile;
 mod error;

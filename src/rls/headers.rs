@@ -55,10 +55,11 @@ pub struct ReferenceHeaders {
 pub fn render(response: &Response, options: &ResponseOptions) -> (Vec<(String, String)>, Vec<u8>) {
     let mut headers = Vec::new();
     let over = response.code == Code::OverLimit;
-    if over && options.retry_after {
-        if let Some(after) = response.retry_after() {
-            headers.push(("retry-after".to_owned(), seconds(after).max(1).to_string()));
-        }
+    if over
+        && options.retry_after
+        && let Some(after) = response.retry_after()
+    {
+        headers.push(("retry-after".to_owned(), seconds(after).max(1).to_string()));
     }
     // The draft fields describe the client's quotas; load shedding limits are the service's
     // own capacity, not a quota to announce.

@@ -2,8 +2,8 @@
 //! reference service's names where it has one; a flag wins over its variable), with defaults
 //! and validation. Tests build [`Settings`] values directly.
 //!
-//! - [`args`]: the flags and their environment variables;
-//! - [`parse`]: booleans, durations and addresses as operators write them.
+//! - `args`: the flags and their environment variables;
+//! - `parse`: booleans, durations and addresses as operators write them.
 
 mod args;
 mod parse;
