@@ -18,7 +18,9 @@ pub use types::{
 
 use crate::algorithm::{Algorithm, Decision};
 use crate::policy::{Domain, EntryRef, MetaValue, Policy, RateLimit, Rule, RuleLimit, merge_into};
-use crate::store::{Admission, Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError};
+use crate::store::{
+    Admission, Applied, Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError,
+};
 
 /// `limit_remaining` reported for `unlimited` rules, as the reference service does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -132,7 +134,8 @@ impl Limiter {
 
     /// Answers one request whose caller stops waiting at `deadline` (its gRPC deadline): a
     /// shared store then gets no longer than that, less a margin, before the failure policy
-    /// answers.
+    /// answers. In four stages: plan (match each descriptor), batch (its counters), apply
+    /// (one store call), respond (statuses, events, metadata).
     pub async fn check_until(
         &self,
         request: &Request,
@@ -145,7 +148,19 @@ impl Limiter {
             self.observer.domain_not_found(&request.domain);
         }
         let plans = plan(domain, request);
+        let batch = self.batch(request, domain, &plans, deadline);
+        let applied = self.apply(&batch).await?;
+        Ok(self.respond(request, &plans, &batch, applied.as_ref()))
+    }
 
+    /// Every counter the plans need, in request order.
+    fn batch(
+        &self,
+        request: &Request,
+        domain: Option<&Domain>,
+        plans: &[Plan<'_>],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Batch {
         let mut batch = Batch {
             ops: Vec::with_capacity(plans.len()),
             admission: if self.options.shadow_mode {
@@ -162,7 +177,7 @@ impl Limiter {
         let domain_mode = domain.and_then(|d| d.failure_mode);
         let quota_cannot_fail =
             self.options.quota_mode && plans.iter().any(|p| matches!(p, Plan::NoLimit));
-        for (descriptor, plan) in request.descriptors.iter().zip(&plans) {
+        for (descriptor, plan) in request.descriptors.iter().zip(plans) {
             if let Plan::Counted { rule, limits } = plan {
                 for limit in limits.iter() {
                     let mut op =
@@ -174,107 +189,118 @@ impl Limiter {
                 }
             }
         }
-        let applied = if batch.ops.is_empty() {
-            None
-        } else {
-            let started = std::time::Instant::now();
-            let result = self.store.apply(&batch).await;
-            // An answer from the failure policy is a store failure too (a timeout, an error,
-            // or the open breaker's immediate answer).
-            let answered = result.as_ref().is_ok_and(|a| !a.degraded);
-            self.observer.store_call(started.elapsed(), answered);
-            Some(result?)
-        };
+        batch
+    }
+
+    /// One store call for the whole batch (none when it is empty), observed.
+    async fn apply(&self, batch: &Batch) -> Result<Option<Applied>, LimitError> {
+        if batch.ops.is_empty() {
+            return Ok(None);
+        }
+        let started = std::time::Instant::now();
+        let result = self.store.apply(batch).await;
+        // An answer from the failure policy is a store failure too (a timeout, an error,
+        // or the open breaker's immediate answer).
+        let answered = result.as_ref().is_ok_and(|a| !a.degraded);
+        self.observer.store_call(started.elapsed(), answered);
+        let applied = result?;
+        if batch.admission == Admission::Always
+            && !crate::store::admitted(&batch.ops, &applied.decisions, Admission::ByRule)
+        {
+            self.observer.global_shadow_mode();
+        }
+        Ok(Some(applied))
+    }
+
+    /// The answer: one status per descriptor, the applied limits, the overall code and the
+    /// merged metadata; every counted descriptor reported to the observer once.
+    fn respond(
+        &self,
+        request: &Request,
+        plans: &[Plan<'_>],
+        batch: &Batch,
+        applied: Option<&Applied>,
+    ) -> Response {
+        let admitted = applied.is_none_or(|a| a.admitted);
         // The counters the over-limit cache refused, if it did: their events say so.
         let cached: Vec<&CounterKey> = applied
-            .as_ref()
             .map_or(&[][..], |a| &a.cached[..])
             .iter()
             .map(|&i| &batch.ops[i].key)
             .collect();
-        if let Some(a) = &applied
-            && batch.admission == Admission::Always
-            && !crate::store::admitted(&batch.ops, &a.decisions, Admission::ByRule)
-        {
-            self.observer.global_shadow_mode();
-        }
-
-        let admitted = applied.as_ref().is_none_or(|a| a.admitted);
-        let mut decisions = applied.as_ref().map_or(&[][..], |a| &a.decisions[..]);
+        let mut decisions = applied.map_or(&[][..], |a| &a.decisions[..]);
         let mut ops = &batch.ops[..];
         let mut limits_out = Vec::with_capacity(batch.ops.len());
-        let statuses: Vec<DescriptorStatus> = request
-            .descriptors
-            .iter()
-            .zip(&plans)
-            .enumerate()
-            .map(|(index, (descriptor, plan))| match plan {
-                Plan::NoLimit => DescriptorStatus {
+        let mut statuses = Vec::with_capacity(plans.len());
+        for (index, (descriptor, plan)) in request.descriptors.iter().zip(plans).enumerate() {
+            let Plan::Counted { rule, limits } = plan else {
+                statuses.push(DescriptorStatus {
                     code: Code::Ok,
                     limit: None,
-                    remaining: 0,
-                    reset_after: None,
-                },
-                Plan::Unlimited => DescriptorStatus {
-                    code: Code::Ok,
-                    limit: None,
-                    remaining: UNLIMITED_REMAINING,
-                    reset_after: None,
-                },
-                Plan::Counted {
-                    rule,
-                    limits: plan_limits,
-                } => {
-                    let limits = &plan_limits[..];
-                    let (own, rest) = decisions.split_at(limits.len());
-                    decisions = rest;
-                    let (own_ops, rest) = ops.split_at(limits.len());
-                    ops = rest;
-                    // One event per descriptor, so that its hits count once: under the limit
-                    // that decided (refusing, else with the least remaining).
-                    if let Some(((limit, decision), op)) = limits
-                        .iter()
-                        .zip(own)
-                        .zip(own_ops)
-                        .min_by_key(|((_, d), _)| (d.allowed, d.remaining))
-                    {
-                        self.observer.limit_decided(&LimitEvent {
-                            domain: &request.domain,
-                            rule: *rule,
-                            descriptor,
-                            limit,
-                            decision,
-                            from_cache: cached.contains(&&op.key),
-                        });
-                    }
-                    // Hits of an allowed descriptor in a rejected request were not charged.
-                    let uncharged = if admitted {
-                        0
+                    remaining: if matches!(plan, Plan::Unlimited) {
+                        UNLIMITED_REMAINING
                     } else {
-                        descriptor.hits.max(0) as u64
-                    };
-                    let policy = match rule {
-                        Some(rule) => Cow::Borrowed(rule.stats_key.as_str()),
-                        None => Cow::Owned(override_key(&request.domain, descriptor)),
-                    };
-                    let described = Described {
-                        index,
-                        rule: *rule,
-                        policy: &policy,
-                        quota_mode: rule.is_some_and(|r| r.quota_mode) || self.options.quota_mode,
-                    };
-                    status(&described, limits, own, uncharged, &mut limits_out)
-                }
-            })
-            .collect();
-
-        let metadata = merged_metadata(&plans, &statuses);
-        Ok(Response {
+                        0
+                    },
+                    reset_after: None,
+                });
+                continue;
+            };
+            let (own, rest) = decisions.split_at(limits.len());
+            decisions = rest;
+            let (own_ops, rest) = ops.split_at(limits.len());
+            ops = rest;
+            let counted = limits.iter().zip(own).zip(own_ops);
+            self.observe(request, descriptor, *rule, counted, &cached);
+            // Hits of an allowed descriptor in a rejected request were not charged.
+            let uncharged = if admitted {
+                0
+            } else {
+                descriptor.hits.max(0) as u64
+            };
+            let policy = match rule {
+                Some(rule) => Cow::Borrowed(rule.stats_key.as_str()),
+                None => Cow::Owned(override_key(&request.domain, descriptor)),
+            };
+            let described = Described {
+                index,
+                rule: *rule,
+                policy: &policy,
+                quota_mode: rule.is_some_and(|r| r.quota_mode) || self.options.quota_mode,
+            };
+            statuses.push(status(&described, limits, own, uncharged, &mut limits_out));
+        }
+        let metadata = merged_metadata(plans, &statuses);
+        Response {
             code: if admitted { Code::Ok } else { Code::OverLimit },
             statuses,
             limits: limits_out,
             metadata,
-        })
+        }
+    }
+
+    /// One event per counted descriptor, so that its hits count once: under the limit that
+    /// decided (refusing, else with the least remaining).
+    fn observe<'a>(
+        &self,
+        request: &Request,
+        descriptor: &Descriptor,
+        rule: Option<&Rule>,
+        counted: impl Iterator<Item = ((&'a RateLimit, &'a Decision), &'a CounterOp)>,
+        cached: &[&CounterKey],
+    ) {
+        if let Some(((limit, decision), op)) =
+            counted.min_by_key(|((_, d), _)| (d.allowed, d.remaining))
+        {
+            self.observer.limit_decided(&LimitEvent {
+                domain: &request.domain,
+                rule,
+                descriptor,
+                limit,
+                decision,
+                from_cache: cached.contains(&&op.key),
+            });
+        }
     }
 
     fn counter_op(
