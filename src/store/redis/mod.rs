@@ -61,6 +61,34 @@ struct Shared {
     queue: Queue,
 }
 
+/// The script's arguments after the time (`ARGV[1]`), defined once: per request a header of
+/// [`HEADER`](args::HEADER) values (admission, number of counters), then
+/// [`PER_COUNTER`](args::PER_COUNTER) values per counter at these offsets. The other half is
+/// `lua/batch.lua`, which reads them under the same names (as 1-based Lua locals).
+mod args {
+    pub const HEADER: usize = 2;
+    pub const PER_COUNTER: usize = 7;
+    pub const ALGORITHM: usize = 0;
+    pub const LIMIT: usize = 1;
+    pub const WINDOW: usize = 2;
+    pub const BURST: usize = 3;
+    pub const HITS: usize = 4;
+    pub const ROLE: usize = 5;
+    /// The window start a refund must still be in, or -1.
+    pub const GUARD: usize = 6;
+
+    pub const ADMIT_BY_RULE: i64 = 0;
+    pub const ADMIT_ALWAYS: i64 = 1;
+    pub const ADMIT_NEVER: i64 = 2;
+    pub const FIXED_WINDOW: i64 = 1;
+    pub const SLIDING_WINDOW: i64 = 2;
+    pub const TOKEN_BUCKET: i64 = 3;
+    pub const CONCURRENCY: i64 = 4;
+    pub const ROLE_ENFORCE: i64 = 0;
+    pub const ROLE_SHADOW: i64 = 1;
+    pub const ROLE_QUOTA: i64 = 2;
+}
+
 /// One request's share of a script call: its keys and arguments (see `lua/batch.lua`).
 struct Part {
     keys: Vec<String>,
@@ -100,7 +128,8 @@ impl RedisStore {
         self
     }
 
-    /// Encodes one request's `ops` (all in one slot in a Cluster) for the script.
+    /// Encodes one request's `ops` (all in one slot in a Cluster) for the script, in the
+    /// layout of [`args`].
     fn part(
         &self,
         ops: &[&CounterOp],
@@ -109,11 +138,11 @@ impl RedisStore {
         guards: Option<&[i64]>,
     ) -> Part {
         let prefix = &self.shared.prefix;
-        let mut args = Vec::with_capacity(2 + 7 * ops.len());
+        let mut args = Vec::with_capacity(args::HEADER + args::PER_COUNTER * ops.len());
         let admission = match admission {
-            Admission::ByRule => 0,
-            Admission::Always => 1,
-            Admission::Never => 2,
+            Admission::ByRule => args::ADMIT_BY_RULE,
+            Admission::Always => args::ADMIT_ALWAYS,
+            Admission::Never => args::ADMIT_NEVER,
         };
         args.extend([admission, ops.len() as i64]);
         let keys = ops
@@ -121,27 +150,27 @@ impl RedisStore {
             .enumerate()
             .map(|(i, op)| {
                 let role = match op.role {
-                    Role::Enforce => 0,
-                    Role::Shadow => 1,
-                    Role::Quota if quota_as_shadow => 1,
-                    Role::Quota => 2,
+                    Role::Enforce => args::ROLE_ENFORCE,
+                    Role::Shadow => args::ROLE_SHADOW,
+                    Role::Quota if quota_as_shadow => args::ROLE_SHADOW,
+                    Role::Quota => args::ROLE_QUOTA,
                 };
                 let algorithm = match op.limit.algorithm {
-                    Algorithm::FixedWindow => 1,
-                    Algorithm::SlidingWindow => 2,
-                    Algorithm::TokenBucket => 3,
-                    Algorithm::Concurrency => 4,
+                    Algorithm::FixedWindow => args::FIXED_WINDOW,
+                    Algorithm::SlidingWindow => args::SLIDING_WINDOW,
+                    Algorithm::TokenBucket => args::TOKEN_BUCKET,
+                    Algorithm::Concurrency => args::CONCURRENCY,
                 };
                 let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-                args.extend([
-                    algorithm,
-                    clamp(op.limit.requests),
-                    clamp(op.limit.window),
-                    clamp(op.limit.burst),
-                    op.hits,
-                    role,
-                    guards.map_or(-1, |g| g[i]),
-                ]);
+                let mut counter = [0; args::PER_COUNTER];
+                counter[args::ALGORITHM] = algorithm;
+                counter[args::LIMIT] = clamp(op.limit.requests);
+                counter[args::WINDOW] = clamp(op.limit.window);
+                counter[args::BURST] = clamp(op.limit.burst);
+                counter[args::HITS] = op.hits;
+                counter[args::ROLE] = role;
+                counter[args::GUARD] = guards.map_or(-1, |g| g[i]);
+                args.extend(counter);
                 let mut key = String::with_capacity(prefix.len() + op.key.as_str().len());
                 key.push_str(prefix);
                 key.push_str(op.key.as_str());

@@ -24,6 +24,14 @@
 --          reset_after when allowed, or -1 - remaining, reset_after and retry_after (-1:
 --          none) when not}, times in microseconds (an allowed counter has no retry_after:
 --          a shorter answer is less for Redis to write and Sluice to read)
+-- The argument layout, defined once in Rust (`mod args` in src/store/redis/mod.rs): the same
+-- names, offsets from a counter's first value, and codes.
+local HEADER, PER_COUNTER = 2, 7
+local ALGORITHM, LIMIT, WINDOW, BURST, HITS, ROLE, GUARD = 0, 1, 2, 3, 4, 5, 6
+local ADMIT_ALWAYS, ADMIT_NEVER = '1', '2'
+local CONCURRENCY = 4
+local ROLE_ENFORCE, ROLE_QUOTA = '0', '2'
+
 local steps = { fixed_window, sliding_window, token_bucket, concurrency }
 local decoders = {
   fixed_window_decode, sliding_window_decode, token_bucket_decode, concurrency_decode,
@@ -62,7 +70,7 @@ local pending_state, pending_expiry, pending_algorithm = {}, {}, {}
 -- Decides the counter at KEYS[k] (seven values from ARGV[a]). Returns the algorithm's answer.
 local function run(k, a)
   local key = KEYS[k]
-  local algorithm = tonumber(ARGV[a])
+  local algorithm = tonumber(ARGV[a + ALGORITHM])
   local st = pending_state[key]
   if st == nil then
     st = current[key]
@@ -72,12 +80,12 @@ local function run(k, a)
       current[key] = st
     end
   end
-  local hits = safe(tonumber(ARGV[a + 4]))
+  local hits = safe(tonumber(ARGV[a + HITS]))
   local allowed, remaining, reset, retry, next_state, expires = steps[algorithm](
-    st, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), now, hits,
-    tonumber(ARGV[a + 6]))
+    st, tonumber(ARGV[a + LIMIT]), tonumber(ARGV[a + WINDOW]), tonumber(ARGV[a + BURST]), now,
+    hits, tonumber(ARGV[a + GUARD]))
   -- Mirrors algorithm::applies_unconditionally: refunds, and concurrency acquisitions.
-  local unconditional = hits < 0 or (hits > 0 and algorithm == 4)
+  local unconditional = hits < 0 or (hits > 0 and algorithm == CONCURRENCY)
   if ((allowed and hits ~= 0) or unconditional) and next_state then
     pending_state[key] = next_state
     pending_algorithm[key] = algorithm
@@ -88,18 +96,18 @@ end
 
 local at, first_key = 2, 0
 while at <= #ARGV do
-  local always, never = ARGV[at] == '1', ARGV[at] == '2'
+  local always, never = ARGV[at] == ADMIT_ALWAYS, ARGV[at] == ADMIT_NEVER
   local n = tonumber(ARGV[at + 1])
   local enforce_over, quota_seen, quota_all_over = false, false, true
   o = o + 1
   local admitted_at = o
   out[o] = 0
   for i = 1, n do
-    local k, a = first_key + i, at + 2 + (i - 1) * 7
+    local k, a = first_key + i, at + HEADER + (i - 1) * PER_COUNTER
     local allowed, remaining, reset, retry = run(k, a)
-    local role = ARGV[a + 5]
-    if role == '0' and not allowed then enforce_over = true end
-    if role == '2' then
+    local role = ARGV[a + ROLE]
+    if role == ROLE_ENFORCE and not allowed then enforce_over = true end
+    if role == ROLE_QUOTA then
       quota_seen = true
       if allowed then quota_all_over = false end
     end
@@ -118,9 +126,9 @@ while at <= #ARGV do
     -- concurrency acquisitions count: their releases will come).
     pending_state, pending_expiry, pending_algorithm = {}, {}, {}
     for i = 1, n do
-      local k, a = first_key + i, at + 2 + (i - 1) * 7
-      local hits = tonumber(ARGV[a + 4])
-      if hits < 0 or (hits > 0 and ARGV[a] == '4') then
+      local k, a = first_key + i, at + HEADER + (i - 1) * PER_COUNTER
+      local hits = tonumber(ARGV[a + HITS])
+      if hits < 0 or (hits > 0 and tonumber(ARGV[a + ALGORITHM]) == CONCURRENCY) then
         run(k, a)
       end
     end
@@ -136,7 +144,7 @@ while at <= #ARGV do
   -- The request's header: admitted, and how many values follow, so that Sluice can read
   -- each request's answer on its own.
   out[admitted_at] = (admitted and 1 or 0) + 2 * (o - admitted_at)
-  at = at + 2 + 7 * n
+  at = at + HEADER + PER_COUNTER * n
   first_key = first_key + n
 end
 
