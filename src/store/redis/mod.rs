@@ -214,22 +214,40 @@ impl RedisStore {
                 .map(|op| batch.refund_guard(op).map_or(-1, |g| g as i64))
                 .collect()
         });
-        if !self.shared.connector.is_cluster() {
-            // One call per request at most; requests that arrive while a call is in flight
-            // go together in the next.
-            let ops: Vec<&CounterOp> = batch.ops.iter().collect();
-            let part = self.part(&ops, batch.admission, false, guards.as_deref());
-            let reply = Shared::submit(&self.shared, part).await?;
-            return Ok(Applied {
-                decisions: reply.decisions,
-                admitted: reply.admitted,
-                degraded: false,
-                cached: Vec::new(),
-                decided_at: Some(reply.now),
-            });
+        if self.shared.connector.is_cluster() {
+            self.apply_cluster(batch, guards).await
+        } else {
+            self.apply_single(batch, guards).await
         }
+    }
 
-        // Cluster: one call per hash slot. Each group admits on its own (quota operations
+    /// One node (or Sentinel's master): one call per request at most; requests that arrive
+    /// while a call is in flight go together in the next.
+    async fn apply_single(
+        &self,
+        batch: &Batch,
+        guards: Option<Vec<i64>>,
+    ) -> Result<Applied, StoreError> {
+        let ops: Vec<&CounterOp> = batch.ops.iter().collect();
+        let part = self.part(&ops, batch.admission, false, guards.as_deref());
+        let reply = Shared::submit(&self.shared, part).await?;
+        Ok(Applied {
+            decisions: reply.decisions,
+            admitted: reply.admitted,
+            degraded: false,
+            cached: Vec::new(),
+            decided_at: Some(reply.now),
+        })
+    }
+
+    /// A Cluster: one call per hash slot, the calls of a request sent together, and refunds
+    /// of the groups that charged when the request as a whole is rejected.
+    async fn apply_cluster(
+        &self,
+        batch: &Batch,
+        guards: Option<Vec<i64>>,
+    ) -> Result<Applied, StoreError> {
+        // One call per hash slot. Each group admits on its own (quota operations
         // decided globally below), then the request's rule is applied to all decisions.
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, op) in batch.ops.iter().enumerate() {
