@@ -129,7 +129,36 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
     ));
     let loaded = config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
     metrics.config_loaded(true);
-    let store: Arc<dyn Store> = match settings.backend {
+    let store = build_store(&settings)?;
+    tracing::info!(
+        directory = %settings.config_dir.display(),
+        files = loaded.files.len(),
+        domains = loaded.policy.domain_count(),
+        store = store.status().kind,
+        "rate limit config loaded"
+    );
+    let config = Arc::new(parking_lot::RwLock::new(ConfigInfo {
+        directory: settings.config_dir.display().to_string(),
+        files: loaded.files,
+        last_reload: None,
+    }));
+    let limiter = Arc::new(
+        Limiter::new(Arc::new(loaded.policy), store, settings.limiter)
+            .with_observer(metrics.clone()),
+    );
+    Ok(Prepared {
+        settings,
+        limiter,
+        config,
+        metrics,
+        hurry: None,
+    })
+}
+
+/// The store stack `settings` ask for: the memory store, or Redis behind its failure policy
+/// (two with `REDIS_PERSECOND`), behind the over-limit cache when it is on.
+fn build_store(settings: &Settings) -> Result<Arc<dyn Store>, AppError> {
+    Ok(match settings.backend {
         Backend::Memory => {
             if settings.kubernetes {
                 tracing::warn!(
@@ -182,29 +211,6 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
                 store
             }
         }
-    };
-    tracing::info!(
-        directory = %settings.config_dir.display(),
-        files = loaded.files.len(),
-        domains = loaded.policy.domain_count(),
-        store = store.status().kind,
-        "rate limit config loaded"
-    );
-    let config = Arc::new(parking_lot::RwLock::new(ConfigInfo {
-        directory: settings.config_dir.display().to_string(),
-        files: loaded.files,
-        last_reload: None,
-    }));
-    let limiter = Arc::new(
-        Limiter::new(Arc::new(loaded.policy), store, settings.limiter)
-            .with_observer(metrics.clone()),
-    );
-    Ok(Prepared {
-        settings,
-        limiter,
-        config,
-        metrics,
-        hurry: None,
     })
 }
 
@@ -244,50 +250,11 @@ impl Prepared {
         let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
             .with_metrics(self.metrics.clone());
 
-        let (reporter, health_service) = tonic_health::server::health_reporter();
         let grpc_addr = listeners
             .grpc
             .local_addr()
             .map_err(|e| AppError::Serve(e.to_string()))?;
-        let grpc_server = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(GRPC_KEEPALIVE.0))
-            .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
-            .max_concurrent_streams(GRPC_MAX_STREAMS)
-            // What a client may send that is not read yet (requests waiting for their turn):
-            // HTTP/2's default per stream, and half a megabyte per connection instead of
-            // hyper's 1 MiB, plenty for requests of a few hundred bytes.
-            .initial_stream_window_size(Some(GRPC_STREAM_WINDOW))
-            .initial_connection_window_size(Some(GRPC_CONNECTION_WINDOW))
-            .layer(ClientFaultsLayer::new(Some(self.metrics.clone())))
-            // Requests wait for a turn before their message is read, so at most this many
-            // messages (of at most 4 MiB each) are held at once.
-            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
-                self.settings.grpc_max_in_flight,
-            ))
-            .add_service(health_service)
-            .add_service(rls.clone().into_server());
-        let grpc: std::pin::Pin<
-            Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
-        > = match &self.settings.grpc_tls {
-            None => {
-                let incoming =
-                    crate::connection::incoming(listeners.grpc, self.settings.grpc_connections);
-                Box::pin(
-                    grpc_server
-                        .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned()),
-                )
-            }
-            Some(files) => {
-                let tls = Arc::new(ReloadingTls::new(files.clone()).map_err(AppError::Serve)?);
-                tracing::info!(mutual = files.client_ca.is_some(), "gRPC over TLS");
-                let incoming =
-                    crate::tls::incoming(listeners.grpc, tls, self.settings.grpc_connections);
-                Box::pin(
-                    grpc_server
-                        .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned()),
-                )
-            }
-        };
+        let (reporter, grpc) = self.grpc_server(listeners.grpc, rls.clone(), &drain)?;
 
         let http_addr = listeners
             .http
@@ -308,37 +275,9 @@ impl Prepared {
             drain.clone().cancelled_owned(),
         );
 
-        let reloader = Reloader::new(
-            ReloadOptions {
-                dir: self.settings.config_dir.clone(),
-                load: LoadOptions {
-                    merge_domains: self.settings.merge_domains,
-                },
-                interval: self.settings.config_watch_interval,
-                settle: std::time::Duration::from_millis(250),
-            },
-            self.limiter.clone(),
-            self.metrics.clone(),
-            self.config.clone(),
-        );
-        let reloading = tokio::spawn(reloader.run(drain.clone().cancelled_owned()));
-        let drain_for_metrics = drain.clone().cancelled_owned();
-        if let (Some(listener), Some(prometheus)) = (listeners.metrics, &self.settings.prometheus) {
-            let (limiter, metrics) = (self.limiter.clone(), self.metrics.clone());
-            let router = axum::Router::new().route(
-                &prometheus.path,
-                axum::routing::get(move || {
-                    let (limiter, metrics) = (limiter.clone(), metrics.clone());
-                    async move { admin::metrics_text(&metrics, &limiter) }
-                }),
-            );
-            tracing::info!(addr = %prometheus.addr, path = %prometheus.path, "serving Prometheus metrics");
-            tokio::spawn(admin::serve(
-                listener,
-                router,
-                admin_limits,
-                drain_for_metrics,
-            ));
+        let reloading = tokio::spawn(self.reloader().run(drain.clone().cancelled_owned()));
+        if let Some(listener) = listeners.metrics {
+            self.spawn_prometheus(listener, &drain);
         }
         let mut grpc = tokio::spawn(grpc);
         let mut http = tokio::spawn(http);
@@ -386,7 +325,93 @@ impl Prepared {
         }
         Ok(())
     }
+
+    /// The gRPC server: health and the rate limit service behind the client-fault and
+    /// in-flight layers, over plain TCP or TLS, stopping when `drain` is cancelled; and the
+    /// reporter of its health.
+    fn grpc_server(
+        &self,
+        listener: TcpListener,
+        rls: RlsService,
+        drain: &tokio_util::sync::CancellationToken,
+    ) -> Result<(tonic_health::server::HealthReporter, ServerFuture), AppError> {
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(GRPC_KEEPALIVE.0))
+            .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
+            .max_concurrent_streams(GRPC_MAX_STREAMS)
+            // What a client may send that is not read yet (requests waiting for their turn):
+            // HTTP/2's default per stream, and half a megabyte per connection instead of
+            // hyper's 1 MiB, plenty for requests of a few hundred bytes.
+            .initial_stream_window_size(Some(GRPC_STREAM_WINDOW))
+            .initial_connection_window_size(Some(GRPC_CONNECTION_WINDOW))
+            .layer(ClientFaultsLayer::new(Some(self.metrics.clone())))
+            // Requests wait for a turn before their message is read, so at most this many
+            // messages (of at most 4 MiB each) are held at once.
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                self.settings.grpc_max_in_flight,
+            ))
+            .add_service(health_service)
+            .add_service(rls.into_server());
+        let stop = drain.clone().cancelled_owned();
+        let limits = self.settings.grpc_connections;
+        let future: ServerFuture = match &self.settings.grpc_tls {
+            None => {
+                let incoming = crate::connection::incoming(listener, limits);
+                Box::pin(server.serve_with_incoming_shutdown(incoming, stop))
+            }
+            Some(files) => {
+                let tls = Arc::new(ReloadingTls::new(files.clone()).map_err(AppError::Serve)?);
+                tracing::info!(mutual = files.client_ca.is_some(), "gRPC over TLS");
+                let incoming = crate::tls::incoming(listener, tls, limits);
+                Box::pin(server.serve_with_incoming_shutdown(incoming, stop))
+            }
+        };
+        Ok((reporter, future))
+    }
+
+    /// Watches the config directory (and SIGHUP) and swaps the policy.
+    fn reloader(&self) -> Reloader {
+        Reloader::new(
+            ReloadOptions {
+                dir: self.settings.config_dir.clone(),
+                load: LoadOptions {
+                    merge_domains: self.settings.merge_domains,
+                },
+                interval: self.settings.config_watch_interval,
+                settle: std::time::Duration::from_millis(250),
+            },
+            self.limiter.clone(),
+            self.metrics.clone(),
+            self.config.clone(),
+        )
+    }
+
+    /// Serves the metrics alone on `listener` (`USE_PROMETHEUS`), until `drain`.
+    fn spawn_prometheus(&self, listener: TcpListener, drain: &tokio_util::sync::CancellationToken) {
+        let Some(prometheus) = &self.settings.prometheus else {
+            return;
+        };
+        let (limiter, metrics) = (self.limiter.clone(), self.metrics.clone());
+        let router = axum::Router::new().route(
+            &prometheus.path,
+            axum::routing::get(move || {
+                let (limiter, metrics) = (limiter.clone(), metrics.clone());
+                async move { admin::metrics_text(&metrics, &limiter) }
+            }),
+        );
+        tracing::info!(addr = %prometheus.addr, path = %prometheus.path, "serving Prometheus metrics");
+        tokio::spawn(admin::serve(
+            listener,
+            router,
+            self.settings.admin_connections,
+            drain.clone().cancelled_owned(),
+        ));
+    }
 }
+
+/// A server running until it is told to stop.
+type ServerFuture = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
 
 /// Sets the gRPC health of `""`, `ratelimit` (the name the reference service registers, which
 /// Kubernetes probes and Envoy health checks written for it ask) and the rate limit service to
