@@ -1,6 +1,7 @@
 //! Metrics counted from real limiter traffic.
 
 use super::*;
+use std::sync::Arc;
 use crate::clock::SystemClock;
 use crate::config::{LoadOptions, load_sources};
 use crate::limiter::{Descriptor, Entry, Limiter, LimiterOptions, Request};

@@ -1,0 +1,364 @@
+//! Per-rule metrics, the limiter's observer: hits by rule as the reference service counts
+//! them (`ratelimit_service_rate_limit_*`), requests for unknown domains, and the global
+//! shadow mode's saves. Series of rules with `detailed_metric`/`value_to_metric` carry request
+//! values and are capped (past the cap: one `__overflow__` series, counted).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use prometheus::{IntCounter, IntCounterVec, Registry};
+
+use super::{MAX_UNKNOWN_DOMAINS, OVERFLOW, counter, counter_vec};
+use crate::limiter::LimitEvent;
+use crate::policy::Policy;
+
+/// The per-rule series and what finds them fast.
+pub(super) struct RuleSeries {
+    near_limit_ratio: f64,
+    rules: RuleMetrics,
+    /// Per-rule series handles by label tuple (so the hot path does one map lookup), with the
+    /// stats key of the rule that owns them (`None` for request overrides).
+    handles: RwLock<HashMap<Labels, Series>>,
+    /// The same handles for plain rules, by stats key: the hot path's lookup, which borrows
+    /// the key and allocates nothing.
+    by_rule: RwLock<HashMap<String, Arc<RuleHandles>>>,
+    /// Detailed series created so far, against `max_detailed`.
+    detailed: Mutex<HashSet<[String; 4]>>,
+    max_detailed: usize,
+    series_overflow: IntCounter,
+    domain_not_found: IntCounterVec,
+    /// Unknown domains with a series of their own, against [`MAX_UNKNOWN_DOMAINS`].
+    unknown_domains: Mutex<HashSet<String>>,
+    global_shadow_mode: IntCounter,
+}
+
+struct RuleMetrics {
+    total_hits: IntCounterVec,
+    within_limit: IntCounterVec,
+    over_limit: IntCounterVec,
+    near_limit: IntCounterVec,
+    over_limit_with_local_cache: IntCounterVec,
+    shadow_mode: IntCounterVec,
+}
+
+struct RuleHandles {
+    total_hits: IntCounter,
+    within_limit: IntCounter,
+    over_limit: IntCounter,
+    near_limit: IntCounter,
+    over_limit_with_local_cache: IntCounter,
+    shadow_mode: IntCounter,
+}
+
+const RULE_LABELS: [&str; 4] = ["domain", "rule", "key1", "key2"];
+
+/// Values of [`RULE_LABELS`].
+type Labels = [String; 4];
+
+/// A rule's series: the stats key of the rule that owns it (`None` for request overrides)
+/// and its counter handles.
+type Series = (Option<String>, Arc<RuleHandles>);
+
+impl RuleSeries {
+    /// Registers the per-rule metrics into `r`. `max_detailed` caps the series of
+    /// `detailed_metric`/`value_to_metric` rules.
+    pub(super) fn register(r: &Registry, near_limit_ratio: f64, max_detailed: usize) -> Self {
+        let rule = |name: &str, help: &str| {
+            counter_vec(
+                r,
+                &format!("ratelimit_service_rate_limit_{name}"),
+                help,
+                &RULE_LABELS,
+            )
+        };
+        Self {
+            near_limit_ratio,
+            rules: RuleMetrics {
+                total_hits: rule("total_hits", "Hits counted against the rule"),
+                within_limit: rule("within_limit", "Hits within the limit"),
+                over_limit: rule("over_limit", "Hits over the limit"),
+                near_limit: rule(
+                    "near_limit",
+                    "Hits within the limit beyond NEAR_LIMIT_RATIO of it",
+                ),
+                over_limit_with_local_cache: rule(
+                    "over_limit_with_local_cache",
+                    "Hits over the limit answered by the local over-limit cache",
+                ),
+                shadow_mode: rule(
+                    "shadow_mode",
+                    "Hits over the limit let through by shadow mode",
+                ),
+            },
+            handles: RwLock::default(),
+            by_rule: RwLock::default(),
+            detailed: Mutex::default(),
+            max_detailed,
+            series_overflow: counter(
+                r,
+                "sluice_metric_series_overflow_total",
+                "Hits counted in __overflow__ series past the detailed-series cap",
+            ),
+            domain_not_found: counter_vec(
+                r,
+                "ratelimit_service_domain_not_found",
+                "Requests for a domain no config declares, by domain",
+                &["domain"],
+            ),
+            unknown_domains: Mutex::default(),
+            global_shadow_mode: counter(
+                r,
+                "ratelimit_service_global_shadow_mode",
+                "Requests over the limit that the global SHADOW_MODE answered OK",
+            ),
+        }
+    }
+
+    pub(super) fn limit_decided(&self, event: &LimitEvent<'_>) {
+        let hits = event.descriptor.hits;
+        if hits <= 0 {
+            return; // refunds and peeks are not hits
+        }
+        let hits = hits as u64;
+        let plain = event
+            .rule
+            .filter(|r| !r.detailed_metric && !r.value_to_metric);
+        let cached = plain.and_then(|rule| self.by_rule.read().get(&rule.stats_key).cloned());
+        let h = match cached {
+            Some(h) => h,
+            None => self.series(event, hits, plain),
+        };
+        self.count(&h, event, hits);
+    }
+
+    pub(super) fn domain_not_found(&self, domain: &str) {
+        let domain = label_value(domain);
+        let known = {
+            let mut seen = self.unknown_domains.lock();
+            seen.contains(domain.as_ref())
+                || (seen.len() < MAX_UNKNOWN_DOMAINS && seen.insert(domain.clone().into_owned()))
+        };
+        let label = if known { domain.as_ref() } else { OVERFLOW };
+        self.domain_not_found.with_label_values(&[label]).inc();
+    }
+
+    pub(super) fn global_shadow_mode(&self) {
+        self.global_shadow_mode.inc();
+    }
+
+    /// Drops the series of rules that `policy` no longer has (after a reload).
+    pub(super) fn retain(&self, policy: &Policy) {
+        let live: HashSet<&str> = policy
+            .rules()
+            .iter()
+            .map(|r| r.stats_key.as_str())
+            .collect();
+        // The fast-path cache refills itself from `handles`; rules may have changed flags.
+        self.by_rule.write().clear();
+        let mut handles = self.handles.write();
+        let mut detailed = self.detailed.lock();
+        handles.retain(|labels, (owner, _)| {
+            let keep = owner.as_deref().is_none_or(|o| live.contains(o));
+            if !keep {
+                let values: Vec<&str> = labels.iter().map(String::as_str).collect();
+                for vec in self.rules.all() {
+                    let _ = vec.remove_label_values(&values);
+                }
+                detailed.remove(labels);
+            }
+            keep
+        });
+    }
+
+    fn handles(&self, labels: [String; 4], owner: Option<&str>) -> Arc<RuleHandles> {
+        if let Some((_, h)) = self.handles.read().get(&labels) {
+            return h.clone();
+        }
+        let values: Vec<&str> = labels.iter().map(String::as_str).collect();
+        let r = &self.rules;
+        let handles = Arc::new(RuleHandles {
+            total_hits: r.total_hits.with_label_values(&values),
+            within_limit: r.within_limit.with_label_values(&values),
+            over_limit: r.over_limit.with_label_values(&values),
+            near_limit: r.near_limit.with_label_values(&values),
+            over_limit_with_local_cache: r.over_limit_with_local_cache.with_label_values(&values),
+            shadow_mode: r.shadow_mode.with_label_values(&values),
+        });
+        self.handles
+            .write()
+            .entry(labels)
+            .or_insert((owner.map(str::to_owned), handles))
+            .1
+            .clone()
+    }
+
+    /// The labels of an event's series, capping the detailed ones (and the length of the
+    /// runtime values they carry).
+    fn labels(&self, event: &LimitEvent<'_>) -> ([String; 4], bool) {
+        let Some(rule) = event.rule else {
+            // A request override: name it by its keys, never its values.
+            let keys: Vec<&str> = event
+                .descriptor
+                .entries
+                .iter()
+                .map(|e| e.key.as_str())
+                .collect();
+            let rule = format!("{}.{}", event.domain, keys.join("."));
+            let key = |i: usize| keys.get(i).map_or(String::new(), |k| (*k).to_owned());
+            return ([event.domain.to_owned(), rule, key(0), key(1)], false);
+        };
+        let detailed = rule.detailed_metric || rule.value_to_metric;
+        let detailed_empty = rule.detailed_metric && rule.shared.iter().all(Option::is_none);
+        let parts: Vec<String> = rule
+            .levels
+            .iter()
+            .enumerate()
+            .map(|(depth, level)| {
+                let (key, configured) = (&level.key, &level.value);
+                let shared = rule.shared.get(depth).is_some_and(Option::is_some);
+                let runtime = event
+                    .descriptor
+                    .entries
+                    .get(depth)
+                    .map(|e| e.value.as_str());
+                let wildcard = configured.as_deref().is_some_and(|v| v.contains('*'));
+                let use_runtime = !shared
+                    && (rule.detailed_metric
+                        || (level.value_to_metric && (configured.is_none() || wildcard)));
+                match (use_runtime, runtime, configured) {
+                    // The reference writes `key_value` for every detailed level, `key_` for
+                    // an empty value (unless the path shares a counter), and leaves an empty
+                    // value_to_metric value out.
+                    (true, Some(v), _) if !v.is_empty() || detailed_empty => {
+                        format!("{key}_{}", label_value(v))
+                    }
+                    (_, _, Some(c)) => format!("{key}_{c}"),
+                    _ => key.clone(),
+                }
+            })
+            .collect();
+        let name = if detailed {
+            format!("{}.{}", event.domain, parts.join("."))
+        } else {
+            rule.stats_key.clone()
+        };
+        let part = |i: usize| parts.get(i).cloned().unwrap_or_default();
+        ([event.domain.to_owned(), name, part(0), part(1)], detailed)
+    }
+
+    /// The series of an event not yet cached: labels computed, detailed ones capped.
+    fn series(
+        &self,
+        event: &LimitEvent<'_>,
+        hits: u64,
+        plain: Option<&crate::policy::Rule>,
+    ) -> Arc<RuleHandles> {
+        let (mut labels, detailed) = self.labels(event);
+        if detailed {
+            let mut seen = self.detailed.lock();
+            if !seen.contains(&labels) {
+                if seen.len() >= self.max_detailed {
+                    labels = [
+                        labels[0].clone(),
+                        OVERFLOW.to_owned(),
+                        String::new(),
+                        String::new(),
+                    ];
+                    self.series_overflow.inc_by(hits);
+                } else {
+                    seen.insert(labels.clone());
+                }
+            }
+        }
+        let h = self.handles(labels, event.rule.map(|r| r.stats_key.as_str()));
+        if let Some(rule) = plain {
+            self.by_rule
+                .write()
+                .insert(rule.stats_key.clone(), h.clone());
+        }
+        h
+    }
+
+    /// Counts an event's hits as the reference does (`src/limiter/base_limiter.go`): all
+    /// within the limit or all over, and of a refusal that crossed the limit, only the part
+    /// past it over and the part between the near-limit threshold and the limit near.
+    fn count(&self, h: &RuleHandles, event: &LimitEvent<'_>, hits: u64) {
+        h.total_hits.inc_by(hits);
+        let d = event.decision;
+        if event.from_cache {
+            h.over_limit.inc_by(hits);
+            h.over_limit_with_local_cache.inc_by(hits);
+            if event.rule.is_some_and(|r| r.shadow_mode) {
+                h.shadow_mode.inc_by(hits);
+            }
+            return;
+        }
+        let limit = event.limit.algorithm_limit();
+        let quota = if limit.algorithm == crate::algorithm::Algorithm::TokenBucket {
+            limit.burst
+        } else {
+            limit.requests
+        };
+        let near = (quota as f64 * self.near_limit_ratio).floor() as u64;
+        if d.allowed {
+            h.within_limit.inc_by(hits);
+            let after = quota.saturating_sub(d.remaining);
+            if after > near {
+                h.near_limit.inc_by((after - near).min(hits));
+            }
+            return;
+        }
+        // A refused counter was not charged: its remaining is what it had before.
+        let before = quota.saturating_sub(d.remaining);
+        let (over, near_hits) = if before >= quota {
+            (hits, 0)
+        } else {
+            let over = before
+                .saturating_add(hits)
+                .saturating_sub(quota)
+                .clamp(1, hits);
+            (
+                over,
+                quota.saturating_sub(near.max(before)).min(hits - over),
+            )
+        };
+        h.over_limit.inc_by(over);
+        h.near_limit.inc_by(near_hits);
+        if event.rule.is_some_and(|r| r.shadow_mode) {
+            h.shadow_mode.inc_by(over);
+        }
+    }
+}
+
+impl RuleMetrics {
+    fn all(&self) -> [&IntCounterVec; 6] {
+        [
+            &self.total_hits,
+            &self.within_limit,
+            &self.over_limit,
+            &self.near_limit,
+            &self.over_limit_with_local_cache,
+            &self.shadow_mode,
+        ]
+    }
+}
+
+/// Runtime values longer than this many bytes are shortened in labels.
+const MAX_LABEL_VALUE: usize = 128;
+
+/// A runtime value as a label carries it: as is, or, past [`MAX_LABEL_VALUE`] bytes, its first
+/// 64 bytes, `~` and 16 hex digits of its SHA-256 (still one series per value, and a 1 MB header
+/// value cannot make a 1 MB label; the detailed-series cap bounds how many there are).
+pub(super) fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.len() <= MAX_LABEL_VALUE {
+        return value.into();
+    }
+    let mut end = 64;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = format!("{}~", &value[..end]);
+    crate::store::push_sha256_hex(&mut out, value, 8);
+    out.into()
+}
