@@ -1,7 +1,8 @@
 //! Metrics counted from real limiter traffic.
 
-use super::*;
 use std::sync::Arc;
+
+use super::*;
 use crate::clock::SystemClock;
 use crate::config::{LoadOptions, load_sources};
 use crate::limiter::{Descriptor, Entry, Limiter, LimiterOptions, Request};
