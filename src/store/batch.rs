@@ -68,6 +68,21 @@ pub struct Batch {
     pub charged_at: Option<crate::algorithm::Micros>,
 }
 
+impl CounterOp {
+    /// What gives back this operation's charge when its request is rejected after it was
+    /// charged (another Cluster slot or Redis refused): its hits negated, unless it charged
+    /// nothing or is a concurrency acquisition (those stay counted: their releases will come).
+    pub fn refund(&self) -> Option<CounterOp> {
+        (self.hits > 0 && !crate::algorithm::applies_unconditionally(&self.limit, self.hits)).then(
+            || CounterOp {
+                hits: -self.hits,
+                role: Role::Enforce,
+                ..self.clone()
+            },
+        )
+    }
+}
+
 impl Batch {
     /// Whether `op` of this batch is a refund that would take from a later window than the
     /// one its hits were charged to (see [`Batch::charged_at`]): it must change nothing.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::{
     Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted,
 };
-use crate::algorithm::{self, Decision, SECOND};
+use crate::algorithm::{Decision, SECOND};
 use crate::logging::Every;
 
 /// Two stores, split by window.
@@ -137,15 +137,8 @@ async fn refund(store: &dyn Store, half: &Half, applied: &Applied) {
         .ops
         .iter()
         .zip(&applied.decisions)
-        // Concurrency acquisitions stay counted: their releases will come.
-        .filter(|(op, d)| {
-            d.allowed && op.hits > 0 && !algorithm::applies_unconditionally(&op.limit, op.hits)
-        })
-        .map(|(op, _)| CounterOp {
-            hits: -op.hits,
-            role: Role::Enforce,
-            ..op.clone()
-        })
+        .filter(|(_, d)| d.allowed)
+        .filter_map(|(op, _)| op.refund())
         .collect();
     if ops.is_empty() {
         return;

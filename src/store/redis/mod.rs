@@ -26,7 +26,7 @@ pub use connect::{RedisKind, RedisOptions};
 use super::{
     Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted,
 };
-use crate::algorithm::{self, Algorithm, Decision, Micros};
+use crate::algorithm::{Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
 /// The script: one function per algorithm (each mirroring its Rust file) and the batch
@@ -324,29 +324,25 @@ impl RedisStore {
         decisions: Option<&[Decision]>,
     ) {
         for (indices, now) in charged {
-            let refunds: Vec<CounterOp> = indices
-                .iter()
-                .filter(|&&i| {
-                    let op = &batch.ops[i];
-                    // Concurrency acquisitions stay counted: their releases will come.
-                    op.hits > 0
-                        && !algorithm::applies_unconditionally(&op.limit, op.hits)
-                        && decisions.is_none_or(|d| d[i].allowed)
-                })
-                .map(|&i| CounterOp {
-                    hits: -batch.ops[i].hits,
-                    role: Role::Enforce,
-                    ..batch.ops[i].clone()
-                })
-                .collect();
-            if refunds.is_empty() {
+            let refunds = Batch {
+                ops: indices
+                    .iter()
+                    .filter(|&&i| decisions.is_none_or(|d| d[i].allowed))
+                    .filter_map(|&i| batch.ops[i].refund())
+                    .collect(),
+                admission: Admission::Always,
+                deadline: None,
+                charged_at: Some(*now),
+            };
+            if refunds.ops.is_empty() {
                 continue;
             }
             let guards: Vec<i64> = refunds
+                .ops
                 .iter()
-                .map(|op| (now - now % op.limit.window) as i64)
+                .map(|op| refunds.refund_guard(op).map_or(-1, |g| g as i64))
                 .collect();
-            let ops: Vec<&CounterOp> = refunds.iter().collect();
+            let ops: Vec<&CounterOp> = refunds.ops.iter().collect();
             static LOGGED: crate::logging::Every =
                 crate::logging::Every::new(std::time::Duration::from_secs(10));
             if let Err(e) = self
