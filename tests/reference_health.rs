@@ -13,7 +13,7 @@
 mod common;
 
 use common::redis::RedisServer;
-use common::reference::{Store, eventually, grpc_health, write_config};
+use common::reference::{Store, eventually, grpc_health, on_each_store, write_config};
 use common::{TestServer, http_get};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -155,28 +155,5 @@ async fn grpc_health_waits_for_a_config(store: &Store) {
     .await;
 }
 
-macro_rules! on_each_store {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::Store::memory()).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::Store::redis()).await;
-                }
-            )*
-        }
-    };
-}
-
-on_each_store!(
-    healthcheck_waits_for_a_config,
-    grpc_health_waits_for_a_config
-);
+on_each_store!([memory, redis] [healthcheck_waits_for_a_config,
+    grpc_health_waits_for_a_config]);

@@ -14,7 +14,7 @@ mod common;
 
 use common::redis::command_calls;
 use common::reference::{
-    RuleStats, Store, answer, desc_hits, no_limit, req, rule_stats, stats, status,
+    RuleStats, Store, answer, desc_hits, no_limit, on_each_store, req, rule_stats, stats, status,
 };
 use common::{TestServer, request, should_rate_limit};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -635,40 +635,9 @@ async fn shadow_status_from_the_over_limit_cache() {
 
 // === every case on each store ===
 
-macro_rules! on_each_store {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::Store::memory()).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::Store::redis()).await;
-                }
-            )*
-        }
-        mod redis_with_local_cache {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::Store::redis_with_local_cache()).await;
-                }
-            )*
-        }
-    };
-}
-
-on_each_store!(
-    fixed_window_answers,
+on_each_store!([memory, redis, redis_with_local_cache] [fixed_window_answers,
     near_limit,
     a_refused_request_charges_no_descriptor,
     share_threshold_shares_one_counter,
     status_below_the_limit,
-    status_over_the_limit,
-);
+    status_over_the_limit]);

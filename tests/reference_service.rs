@@ -11,8 +11,8 @@
 mod common;
 
 use common::reference::{
-    Store, answer, counter, desc_hits, eventually, grpc_health, named, no_limit, req, status,
-    unlimited, wait_for_counter, write_config,
+    Store, answer, counter, desc_hits, eventually, grpc_health, named, no_limit, on_each_store,
+    req, status, unlimited, wait_for_counter, write_config,
 };
 use common::{TestServer, config_dir, http_get, request, should_rate_limit};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -747,29 +747,7 @@ async fn quota_and_mixed_modes_under_global_shadow_mode(store: &Store) {
 
 // === every counting case on both stores ===
 
-macro_rules! on_each_store {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::Store::memory()).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(&super::Store::redis()).await;
-                }
-            )*
-        }
-    };
-}
-
-on_each_store!(
-    service,
+on_each_store!([memory, redis] [service,
     global_shadow_mode,
     rule_shadow_mode,
     mixed_rule_shadow_mode,
@@ -786,5 +764,4 @@ on_each_store!(
     mixed_per_descriptor_modes_under_limit,
     quota_mode_only_all_over,
     quota_mode_only_some_over,
-    quota_and_mixed_modes_under_global_shadow_mode,
-);
+    quota_and_mixed_modes_under_global_shadow_mode]);

@@ -1,7 +1,7 @@
 //! Shared by the ports of envoyproxy/ratelimit's own test suites (`tests/reference_*.rs`): the
 //! stores a case runs on, the per-rule statistics as `/metrics` shows them, and statuses in a
 //! form that compares whole (code, limit, remaining) as the reference's assertions do.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros, unused_imports)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -344,3 +344,28 @@ pub async fn eventually<F: std::future::Future<Output = bool>>(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// One test per case and store: `on_each_store!([memory, redis] [case_a, case_b]);` makes
+/// `memory::case_a`, `redis::case_a`, ..., each calling `case(&Store::<store>())`. The stores are
+/// the constructors of [`Store`].
+macro_rules! on_each_store {
+    ([$($store:ident),* $(,)?] $cases:tt) => {
+        $( crate::common::reference::on_store!($store $cases); )*
+    };
+}
+
+/// The tests of [`on_each_store!`] on one store.
+macro_rules! on_store {
+    ($store:ident [$($case:ident),* $(,)?]) => {
+        mod $store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::Store::$store()).await;
+                }
+            )*
+        }
+    };
+}
+
+pub(crate) use {on_each_store, on_store};
