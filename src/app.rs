@@ -128,7 +128,7 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
         settings.metrics_max_detailed_series,
     ));
     let loaded = config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
-    metrics.config_loaded(true);
+    metrics.config.loaded(true);
     let store = build_store(&settings)?;
     tracing::info!(
         directory = %settings.config_dir.display(),
@@ -248,7 +248,7 @@ impl Prepared {
         // Tells servers to stop accepting and drain.
         let drain = tokio_util::sync::CancellationToken::new();
         let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
-            .with_metrics(self.metrics.clone());
+            .with_metrics(self.metrics.rls());
 
         let grpc_addr = listeners
             .grpc
@@ -345,7 +345,7 @@ impl Prepared {
             // hyper's 1 MiB, plenty for requests of a few hundred bytes.
             .initial_stream_window_size(Some(GRPC_STREAM_WINDOW))
             .initial_connection_window_size(Some(GRPC_CONNECTION_WINDOW))
-            .layer(ClientFaultsLayer::new(Some(self.metrics.clone())))
+            .layer(ClientFaultsLayer::new(Some(self.metrics.rls())))
             // Requests wait for a turn before their message is read, so at most this many
             // messages (of at most 4 MiB each) are held at once.
             .layer(tower::limit::GlobalConcurrencyLimitLayer::new(

@@ -23,7 +23,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::{self, ConfigError, LoadOptions, Loaded};
 use crate::limiter::Limiter;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, counter};
+use prometheus::{IntCounter, Registry};
 
 /// Where the policy in force came from, and how the last reload went (for `/rlconfig`).
 #[derive(Debug, Clone, Default)]
@@ -58,6 +59,39 @@ pub struct Reloader {
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     info: SharedConfigInfo,
+}
+
+/// Config loads, as the reference counts them.
+pub struct ConfigMetrics {
+    success: IntCounter,
+    error: IntCounter,
+}
+
+impl ConfigMetrics {
+    /// Registers the config-load counters into `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        Self {
+            success: counter(
+                registry,
+                "ratelimit_service_config_load_success",
+                "Config loads that succeeded",
+            ),
+            error: counter(
+                registry,
+                "ratelimit_service_config_load_error",
+                "Config loads that failed (the old config stayed)",
+            ),
+        }
+    }
+
+    /// A config load's outcome.
+    pub fn loaded(&self, ok: bool) {
+        if ok {
+            self.success.inc();
+        } else {
+            self.error.inc();
+        }
+    }
 }
 
 /// What identifies the state of the config files.
@@ -103,7 +137,7 @@ impl Reloader {
                 let policy = Arc::new(loaded.policy);
                 self.metrics.retain_rules(&policy);
                 self.limiter.set_policy(policy);
-                self.metrics.config_loaded(true);
+                self.metrics.config.loaded(true);
                 tracing::info!(
                     reason,
                     files = loaded.files.len(),
@@ -116,7 +150,7 @@ impl Reloader {
                 true
             }
             Err(errors) => {
-                self.metrics.config_loaded(false);
+                self.metrics.config.loaded(false);
                 for error in &errors {
                     tracing::warn!(%error, "config reload rejected; the previous config stays");
                 }

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use tonic::codegen::http;
 use tonic::{Code, Status};
 
-use crate::metrics::Metrics;
+use super::RlsMetrics;
 
 /// Prefix of the message tonic's protobuf codec gives a message it cannot decode.
 const UNDECODABLE: &str = "failed to decode Protobuf message";
@@ -23,12 +23,12 @@ const TOO_LARGE: &str = "Error, decoded message length too large";
 /// Remaps the transport's decode errors (see the module docs).
 #[derive(Clone, Default)]
 pub struct ClientFaultsLayer {
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<RlsMetrics>>,
 }
 
 impl ClientFaultsLayer {
     /// A layer counting what it remaps in `metrics`.
-    pub fn new(metrics: Option<Arc<Metrics>>) -> Self {
+    pub fn new(metrics: Option<Arc<RlsMetrics>>) -> Self {
         Self { metrics }
     }
 }
@@ -48,7 +48,7 @@ impl<S> tower::Layer<S> for ClientFaultsLayer {
 #[derive(Clone)]
 pub struct ClientFaults<S> {
     inner: S,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<RlsMetrics>>,
 }
 
 impl<S, Req, B> tower::Service<Req> for ClientFaults<S>

@@ -8,6 +8,7 @@ pub mod convert;
 mod faults;
 pub mod headers;
 mod metadata;
+mod metrics;
 mod unwind;
 
 use std::sync::Arc;
@@ -21,10 +22,10 @@ use tonic::{Request, Response, Status};
 use futures_util::FutureExt;
 
 use crate::limiter::{LimitError, Limiter};
-use crate::metrics::Metrics;
 
 pub use faults::ClientFaultsLayer;
 pub use headers::{ReferenceHeaders, ResponseOptions};
+pub use metrics::RlsMetrics;
 pub use unwind::panic_message;
 
 /// The gRPC service, a thin adapter over the [`Limiter`].
@@ -32,7 +33,7 @@ pub use unwind::panic_message;
 pub struct RlsService {
     limiter: Arc<Limiter>,
     options: Arc<ResponseOptions>,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<RlsMetrics>>,
 }
 
 impl RlsService {
@@ -51,7 +52,7 @@ impl RlsService {
     }
 
     /// Counts requests, answers and errors in `metrics`.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: Arc<RlsMetrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }

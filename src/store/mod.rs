@@ -12,6 +12,7 @@ mod batch;
 mod digest;
 mod key;
 pub mod memory;
+mod metrics;
 pub mod overlimit;
 pub mod redis;
 pub mod resilient;
@@ -24,6 +25,7 @@ pub use batch::{Admission, Applied, Batch, CounterOp, FailureMode, Role, admitte
 pub use key::CounterKey;
 pub(crate) use key::push_sha256_hex;
 pub use memory::MemoryStore;
+pub use metrics::StoreMetrics;
 pub use overlimit::OverLimitCache;
 pub use redis::RedisStore;
 pub use resilient::Resilient;

@@ -1,0 +1,69 @@
+//! The gRPC service's own metrics: requests and latency by method and code, errors by type,
+//! and the reference's `should_rate_limit_error` split.
+
+use std::time::Duration;
+
+use prometheus::{HistogramVec, IntCounterVec, Registry};
+
+use crate::metrics::{LATENCY_BUCKETS, counter_vec, histogram_vec};
+
+/// Requests of `ShouldRateLimit` and `/json`, and their errors.
+pub struct RlsMetrics {
+    requests: IntCounterVec,
+    latency: HistogramVec,
+    errors: IntCounterVec,
+    should_rate_limit_error: IntCounterVec,
+}
+
+impl RlsMetrics {
+    /// Registers the service's metrics into `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        let should_rate_limit_error = counter_vec(
+            registry,
+            "ratelimit_service_should_rate_limit_error",
+            "Requests that failed: redis_error (the store failed; the failure policy answered), service_error (an invalid request, an internal error)",
+            &["err_type"],
+        );
+        for kind in ["redis_error", "service_error"] {
+            should_rate_limit_error.with_label_values(&[kind]);
+        }
+        Self {
+            requests: counter_vec(
+                registry,
+                "sluice_grpc_requests_total",
+                "gRPC requests by method and code",
+                &["method", "code"],
+            ),
+            latency: histogram_vec(
+                registry,
+                "sluice_grpc_request_duration_seconds",
+                "gRPC request latency",
+                LATENCY_BUCKETS,
+                &["method"],
+            ),
+            errors: counter_vec(registry, "sluice_errors_total", "Errors by type", &["type"]),
+            should_rate_limit_error,
+        }
+    }
+
+    /// A gRPC (or `/json`) request answered with `code` after `elapsed`.
+    pub fn request(&self, method: &str, code: &str, elapsed: Duration) {
+        self.requests.with_label_values(&[method, code]).inc();
+        self.latency
+            .with_label_values(&[method])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// An error of `kind` (e.g. `invalid_request`, `store_unavailable`).
+    pub fn error(&self, kind: &str) {
+        self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// A `ShouldRateLimit` call that failed: `service_error` (the request was invalid, or
+    /// answering it failed) or `redis_error`, as the reference counts them.
+    pub fn should_rate_limit_error(&self, kind: &str) {
+        self.should_rate_limit_error
+            .with_label_values(&[kind])
+            .inc();
+    }
+}

@@ -1,0 +1,125 @@
+//! The store layer's metrics: call latency and failures, the circuit breaker, answers of the
+//! failure policy, and the memory store's size. The gauges are read from
+//! [`StoreStatus`](super::StoreStatus) when `/metrics` is scraped.
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, Registry};
+
+use super::StoreStatus;
+use crate::metrics::{LATENCY_BUCKETS, counter, counter_vec, gauge, histogram};
+
+/// The failure modes, in the order of [`StoreStatus::failure_mode_answers`].
+const FAILURE_MODES: [&str; 3] = ["allow", "deny", "local"];
+
+/// Store calls, the breaker and the failure policy.
+pub struct StoreMetrics {
+    latency: Histogram,
+    errors: IntCounter,
+    healthy: IntGauge,
+    failure_mode: IntCounterVec,
+    /// The failure-mode answers already counted, by mode: the store counts totals.
+    failure_mode_seen: Mutex<[u64; 3]>,
+    memory: MemoryGauges,
+}
+
+/// The memory store's size.
+struct MemoryGauges {
+    keys: IntGauge,
+    evicted: IntGauge,
+    bytes: IntGauge,
+    full: IntGauge,
+}
+
+impl StoreMetrics {
+    /// Registers the store's metrics into `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        Self {
+            latency: histogram(
+                registry,
+                "sluice_store_request_duration_seconds",
+                "Store call latency",
+                LATENCY_BUCKETS,
+            ),
+            errors: counter(
+                registry,
+                "sluice_store_errors_total",
+                "Requests the store did not answer (errors, timeouts, the open breaker)",
+            ),
+            healthy: gauge(
+                registry,
+                "sluice_store_healthy",
+                "1 while the store answers, 0 while its circuit breaker is open",
+            ),
+            failure_mode: counter_vec(
+                registry,
+                "sluice_failure_mode_decisions_total",
+                "Counters answered by the failure policy",
+                &["mode"],
+            ),
+            failure_mode_seen: Mutex::default(),
+            memory: MemoryGauges::register(registry),
+        }
+    }
+
+    /// One store call that took `elapsed`; `ok` is false when the store did not answer.
+    pub fn call(&self, elapsed: Duration, ok: bool) {
+        self.latency.observe(elapsed.as_secs_f64());
+        if !ok {
+            self.errors.inc();
+        }
+    }
+
+    /// Sets the gauges (and counts new failure-mode answers) from the store's state now.
+    pub fn observe(&self, store: &StoreStatus) {
+        self.healthy.set(i64::from(store.healthy));
+        self.memory.observe(store);
+        let mut seen = self.failure_mode_seen.lock();
+        for (i, mode) in FAILURE_MODES.iter().enumerate() {
+            let now = store.failure_mode_answers[i];
+            self.failure_mode
+                .with_label_values(&[mode])
+                .inc_by(now.saturating_sub(seen[i]));
+            seen[i] = now.max(seen[i]);
+        }
+    }
+}
+
+impl MemoryGauges {
+    fn register(registry: &Registry) -> Self {
+        Self {
+            keys: gauge(
+                registry,
+                "sluice_memory_store_keys",
+                "Counters the memory store tracks",
+            ),
+            evicted: gauge(
+                registry,
+                "sluice_memory_store_evicted_keys",
+                "Live counters the memory store evicted at its cap",
+            ),
+            bytes: gauge(
+                registry,
+                "sluice_memory_store_bytes",
+                "Heap bytes the memory store's counters take",
+            ),
+            full: gauge(
+                registry,
+                "sluice_memory_store_full",
+                "1 while the memory store evicts live counters (it did within the last minute)",
+            ),
+        }
+    }
+
+    fn observe(&self, store: &StoreStatus) {
+        if let Some(keys) = store.tracked_keys {
+            self.keys.set(keys as i64);
+        }
+        self.evicted.set(store.evicted_keys as i64);
+        if let Some(bytes) = store.bytes {
+            self.bytes.set(bytes as i64);
+        }
+        self.full.set(i64::from(store.full));
+    }
+}
