@@ -23,13 +23,12 @@ pub enum Command {
     /// Serve the RateLimitService (gRPC) and the admin HTTP endpoints
     Serve(Box<ServeArgs>),
     /// Validate a config directory: exit 0 when valid, 1 with every error otherwise
+    #[command(mut_args = crate::settings::switch)]
     Validate {
         /// The config directory
         dir: PathBuf,
         /// Merge files that declare the same domain
-        #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
-              default_value = "false", default_missing_value = "true",
-              value_parser = crate::settings::parse_bool)]
+        #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
     },
     /// Send one request and print the answer (exit 0 OK, 2 OVER_LIMIT, 1 error)

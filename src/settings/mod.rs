@@ -2,14 +2,16 @@
 //! reference service's names where it has one; a flag wins over its variable), with defaults
 //! and validation. Tests build [`Settings`] values directly.
 //!
-//! - `args`: the flags and their environment variables;
-//! - `parse`: booleans, durations and addresses as operators write them.
+//! - `args`: the flags and their environment variables, one group per concern (listeners,
+//!   config source, store, failure policy, requests, responses, telemetry, shutdown);
+//! - `parse`: the value parsers: booleans, durations, ratios, header names, log levels and
+//!   addresses as operators write them.
 
 mod args;
 mod parse;
 
 pub use args::ServeArgs;
-pub use parse::{parse_bool, parse_duration};
+pub use parse::{parse_bool, parse_duration, switch};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,12 +21,11 @@ use clap::ValueEnum;
 
 use crate::connection::ConnectionLimits;
 use crate::limiter::LimiterOptions;
-use crate::rls::{ReferenceHeaders, ResponseOptions};
-use crate::store::FailureMode;
+use crate::rls::ResponseOptions;
 use crate::store::memory::MemoryOptions;
-use crate::store::redis::{RedisKind, RedisOptions};
+use crate::store::redis::RedisOptions;
 use crate::store::resilient::ResilienceOptions;
-use crate::tls::{ReloadingTls, TlsFiles};
+use crate::tls::TlsFiles;
 
 /// Validated settings of a serving process.
 #[derive(Debug, Clone)]

@@ -1,31 +1,31 @@
-//! Values as operators write them: booleans the Go way, durations like `15s`, addresses.
+//! Values as operators write them, as clap value parsers: booleans the Go way, durations like
+//! `15s`, ratios, header names, log levels, addresses. clap names the flag (and `main` the
+//! environment variable) in front of each message here.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use super::SettingsError;
+use clap::{Arg, ArgAction};
 
-pub(super) fn resolve_addr(
-    name: &str,
-    explicit: Option<String>,
-    host: &str,
-    port: u16,
-) -> Result<SocketAddr, SettingsError> {
-    let text = explicit.unwrap_or_else(|| {
-        if host.contains(':') {
-            format!("[{host}]:{port}") // an IPv6 host
-        } else {
-            format!("{host}:{port}")
-        }
-    });
-    let error = |message: String| SettingsError {
-        name: name.to_owned(),
-        message,
-    };
-    text.to_socket_addrs()
-        .map_err(|e| error(format!("'{text}': {e}")))?
-        .next()
-        .ok_or_else(|| error(format!("'{text}' resolves to no address")))
+/// Gives every boolean argument of a command one shape: `--flag` (true), `--flag=false`,
+/// and in the flag or its variable the reference's `true/false/1/0` (see [`parse_bool`]).
+/// Applied with `#[command(mut_args = switch)]`, so a `bool` field needs only `long`, `env`
+/// and, when it is on by default, `default_value = "true"`.
+pub fn switch(arg: Arg) -> Arg {
+    if !matches!(arg.get_action(), ArgAction::SetTrue) {
+        return arg;
+    }
+    let on = arg
+        .get_default_values()
+        .first()
+        .is_some_and(|v| v.to_str() == Some("true"));
+    arg.action(ArgAction::Set)
+        .value_name("BOOL")
+        .num_args(0..=1)
+        .require_equals(true)
+        .default_value(if on { "true" } else { "false" })
+        .default_missing_value("true")
+        .value_parser(parse_bool)
 }
 
 /// Parses a boolean the way the reference service (Go's `strconv.ParseBool`) does, plus
@@ -61,4 +61,81 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("'{text}': {e}"))
+}
+
+/// A duration that must be more than 0.
+pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err(format!("'{text}': must be more than 0")),
+        d => Ok(d),
+    }
+}
+
+/// A count that must be at least 1, as a `NonZero` integer.
+pub fn parse_count<T>(text: &str) -> Result<T, String>
+where
+    T: std::str::FromStr<Err = std::num::ParseIntError>,
+{
+    text.trim()
+        .parse()
+        .map_err(|e: std::num::ParseIntError| match e.kind() {
+            std::num::IntErrorKind::Zero => "must be at least 1".to_owned(),
+            _ => format!("'{text}': {e}"),
+        })
+}
+
+/// A ratio in (0, 1].
+pub fn parse_ratio(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number"))?;
+    if value > 0.0 && value <= 1.0 {
+        Ok(value)
+    } else {
+        Err(format!("{value} is not in (0, 1]"))
+    }
+}
+
+/// An HTTP header name (an RFC 9110 token).
+pub fn parse_header_name(text: &str) -> Result<String, String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if !text.is_empty() && text.chars().all(token) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("'{text}' is not an HTTP header name"))
+    }
+}
+
+/// A log level: `trace`, `debug`, `info`, `warn`, `error`, and the reference's (logrus)
+/// `warning`, `fatal` and `panic`; any case.
+pub fn parse_log_level(text: &str) -> Result<String, String> {
+    let level = text.to_ascii_lowercase();
+    match level.as_str() {
+        "trace" | "debug" | "info" | "warn" | "error" => Ok(level),
+        "warning" => Ok("warn".to_owned()),
+        "fatal" | "panic" => Ok("error".to_owned()),
+        _ => Err(format!(
+            "'{text}' is not one of trace, debug, info, warn, error"
+        )),
+    }
+}
+
+/// `explicit`, else `host:port` (bracketed when `host` is IPv6), resolved to one address.
+pub(super) fn resolve_addr(
+    explicit: Option<String>,
+    host: &str,
+    port: u16,
+) -> Result<SocketAddr, String> {
+    let text = explicit.unwrap_or_else(|| {
+        if host.contains(':') {
+            format!("[{host}]:{port}") // an IPv6 host
+        } else {
+            format!("{host}:{port}")
+        }
+    });
+    text.to_socket_addrs()
+        .map_err(|e| format!("'{text}': {e}"))?
+        .next()
+        .ok_or_else(|| format!("'{text}' resolves to no address"))
 }

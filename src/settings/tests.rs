@@ -1,4 +1,5 @@
 use super::*;
+use crate::store::redis::RedisKind;
 use clap::Parser;
 
 #[derive(Parser)]
@@ -7,10 +8,12 @@ struct Cli {
     serve: ServeArgs,
 }
 
-fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
+/// The settings these arguments give, or the error (clap's or the resolution's) as text.
+fn settings(args: &[&str]) -> Result<Settings, String> {
     let mut argv = vec!["sluice"];
     argv.extend_from_slice(args);
-    Cli::try_parse_from(argv).unwrap().serve.into_settings()
+    let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+    cli.serve.into_settings().map_err(|e| e.to_string())
 }
 
 #[test]
@@ -179,9 +182,45 @@ fn redis_persecond_takes_its_own_redis_and_names_what_is_missing() {
 
     let missing = settings(&["--redis-url", "127.0.0.1:6379", "--redis-persecond=true"]);
     assert!(
-        missing.unwrap_err().name.contains("REDIS_PERSECOND_URL"),
+        missing.unwrap_err().contains("REDIS_PERSECOND_URL"),
         "the error names the missing setting"
     );
     let memory = settings(&["--backend", "memory", "--redis-persecond=true"]);
-    assert!(memory.unwrap_err().name.contains("REDIS_PERSECOND"));
+    assert!(memory.unwrap_err().contains("REDIS_PERSECOND"));
+}
+
+#[test]
+fn every_boolean_is_a_switch_of_one_shape() {
+    let s = settings(&[]).unwrap();
+    assert!(s.response.retry_after, "on by default");
+    assert!(!s.limiter.shadow_mode && !s.merge_domains);
+    let s = settings(&[
+        "--shadow-mode",
+        "--retry-after-header=false",
+        "--merge-domain-config=1",
+        "--quota-mode=t",
+    ])
+    .unwrap();
+    assert!(s.limiter.shadow_mode && s.merge_domains && s.limiter.quota_mode);
+    assert!(!s.response.retry_after);
+    let err = settings(&["--redis-tls=maybe"]).unwrap_err();
+    assert!(err.contains("--redis-tls"), "{err}");
+}
+
+#[test]
+fn counts_of_zero_are_refused_with_the_flag_named() {
+    for flag in [
+        "--redis-pool-size",
+        "--grpc-max-in-flight",
+        "--max-request-descriptors",
+        "--redis-breaker-failures",
+        "--memory-max-keys",
+        "--failure-mode-local-instances",
+    ] {
+        let err = settings(&[flag, "0"]).unwrap_err();
+        assert!(
+            err.contains(flag) && err.contains("must be at least 1"),
+            "{err}"
+        );
+    }
 }

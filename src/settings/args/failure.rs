@@ -1,0 +1,52 @@
+//! The failure policy: the store call's deadline, the circuit breaker and what answers
+//! while the store fails.
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::time::Duration;
+
+use clap::Args;
+
+use super::super::parse::{parse_count, parse_duration, parse_positive_duration};
+use crate::store::FailureMode;
+use crate::store::resilient::ResilienceOptions;
+
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Failure policy")]
+pub struct FailureArgs {
+    /// Deadline of every store call; past it the failure mode answers
+    #[arg(long, env = "REDIS_DEADLINE", default_value = "15ms", value_parser = parse_positive_duration)]
+    pub redis_deadline: Duration,
+
+    /// Consecutive store failures that open the circuit breaker
+    #[arg(long, env = "REDIS_BREAKER_FAILURES", default_value = "3", value_parser = parse_count::<NonZeroU32>)]
+    redis_breaker_failures: NonZeroU32,
+
+    /// Time the open breaker waits before trying the store again
+    #[arg(long, env = "REDIS_BREAKER_COOLDOWN", default_value = "250ms", value_parser = parse_duration)]
+    redis_breaker_cooldown: Duration,
+
+    /// Failure mode of rules and domains that declare none
+    #[arg(
+        long,
+        env = "FAILURE_MODE",
+        value_enum,
+        ignore_case = true,
+        default_value = "allow"
+    )]
+    pub failure_mode: FailureMode,
+
+    /// Sluice instances sharing the limits; `failure_mode: local` divides each limit by it
+    #[arg(long, env = "FAILURE_MODE_LOCAL_INSTANCES", default_value = "1", value_parser = parse_count::<NonZeroU64>)]
+    failure_mode_local_instances: NonZeroU64,
+}
+
+impl FailureArgs {
+    pub(super) fn resilience(&self) -> ResilienceOptions {
+        ResilienceOptions {
+            deadline: self.redis_deadline,
+            breaker_failures: self.redis_breaker_failures.get(),
+            breaker_cooldown: self.redis_breaker_cooldown,
+            local_instances: self.failure_mode_local_instances.get(),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Listeners: the gRPC and admin HTTP addresses, gRPC TLS, connection and request bounds.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::super::parse::{parse_count, parse_positive_duration, resolve_addr};
+use super::named;
+use crate::connection::ConnectionLimits;
+use crate::settings::SettingsError;
+use crate::tls::{ReloadingTls, TlsFiles};
+
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Listeners")]
+pub struct ListenArgs {
+    /// gRPC listen address [default: $GRPC_HOST:$GRPC_PORT, i.e. 0.0.0.0:8081]
+    #[arg(long, value_name = "HOST:PORT")]
+    grpc_addr: Option<String>,
+    #[arg(long, env = "GRPC_HOST", hide = true, default_value = "0.0.0.0")]
+    grpc_host: String,
+    #[arg(long, env = "GRPC_PORT", hide = true, default_value = "8081")]
+    grpc_port: u16,
+
+    /// Serve gRPC over TLS
+    #[arg(long, env = "GRPC_SERVER_USE_TLS")]
+    grpc_server_use_tls: bool,
+
+    /// PEM certificate chain of the gRPC listener (re-read when it changes)
+    #[arg(long, env = "GRPC_SERVER_TLS_CERT")]
+    grpc_server_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of the gRPC listener (re-read when it changes)
+    #[arg(long, env = "GRPC_SERVER_TLS_KEY")]
+    grpc_server_tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle client certificates must chain to: turns on mutual TLS
+    #[arg(long, env = "GRPC_CLIENT_TLS_CACERT")]
+    grpc_client_tls_cacert: Option<PathBuf>,
+
+    /// Admin HTTP listen address [default: $HOST:$PORT, i.e. 0.0.0.0:8080]
+    #[arg(long, value_name = "HOST:PORT")]
+    http_addr: Option<String>,
+    #[arg(long = "host", env = "HOST", hide = true, default_value = "0.0.0.0")]
+    http_host: String,
+    #[arg(long = "port", env = "PORT", hide = true, default_value = "8080")]
+    http_port: u16,
+
+    /// Open admin HTTP connections at most (each of the admin and Prometheus listeners);
+    /// more wait to be accepted
+    #[arg(long, env = "ADMIN_MAX_CONNECTIONS", default_value = "256", value_parser = parse_count::<NonZeroUsize>)]
+    admin_max_connections: NonZeroUsize,
+
+    /// Time an admin HTTP client has to send a request's headers; also how long an idle
+    /// keep-alive connection is kept
+    #[arg(long, env = "ADMIN_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    admin_header_timeout: Duration,
+
+    /// Open gRPC connections at most; more wait to be accepted
+    #[arg(long, env = "GRPC_MAX_CONNECTIONS", default_value = "10000", value_parser = parse_count::<NonZeroUsize>)]
+    grpc_max_connections: NonZeroUsize,
+
+    /// Time a gRPC client has from connecting to the end of its TLS handshake and HTTP/2
+    /// preface
+    #[arg(long, env = "GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    grpc_handshake_timeout: Duration,
+
+    /// gRPC requests answered at once, over all connections; more wait their turn (this
+    /// bounds the memory of requests being decoded: each holds at most its 4 MiB message)
+    #[arg(long, env = "GRPC_MAX_IN_FLIGHT", default_value = "1024", value_parser = parse_count::<NonZeroUsize>)]
+    grpc_max_in_flight: NonZeroUsize,
+}
+
+/// The resolved listener settings.
+pub(super) struct Listeners {
+    pub grpc_addr: SocketAddr,
+    pub grpc_tls: Option<TlsFiles>,
+    pub http_addr: SocketAddr,
+    pub admin_connections: ConnectionLimits,
+    pub grpc_connections: ConnectionLimits,
+    pub grpc_max_in_flight: usize,
+}
+
+impl ListenArgs {
+    pub(super) fn resolve(self) -> Result<Listeners, SettingsError> {
+        let grpc_addr = resolve_addr(self.grpc_addr.clone(), &self.grpc_host, self.grpc_port)
+            .map_err(|m| named(&["grpc_addr", "grpc_host", "grpc_port"], m))?;
+        let http_addr = resolve_addr(self.http_addr.clone(), &self.http_host, self.http_port)
+            .map_err(|m| named(&["http_addr", "http_host", "http_port"], m))?;
+        Ok(Listeners {
+            grpc_addr,
+            grpc_tls: self.grpc_tls()?,
+            http_addr,
+            admin_connections: ConnectionLimits {
+                max_connections: self.admin_max_connections.get(),
+                handshake_timeout: self.admin_header_timeout,
+            },
+            grpc_connections: ConnectionLimits {
+                max_connections: self.grpc_max_connections.get(),
+                handshake_timeout: self.grpc_handshake_timeout,
+            },
+            grpc_max_in_flight: self.grpc_max_in_flight.get(),
+        })
+    }
+
+    /// The gRPC listener's certificate files, loaded once now so that a bad file stops
+    /// startup with its name.
+    fn grpc_tls(&self) -> Result<Option<TlsFiles>, SettingsError> {
+        if !self.grpc_server_use_tls {
+            return Ok(None);
+        }
+        let (Some(cert), Some(key)) = (&self.grpc_server_tls_cert, &self.grpc_server_tls_key)
+        else {
+            return Err(named(
+                &["grpc_server_use_tls"],
+                format!(
+                    "needs {} and {}",
+                    super::env_name("grpc_server_tls_cert"),
+                    super::env_name("grpc_server_tls_key")
+                ),
+            ));
+        };
+        let files = TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: self.grpc_client_tls_cacert.clone(),
+        };
+        ReloadingTls::new(files.clone()).map_err(|m| {
+            named(
+                &[
+                    "grpc_server_tls_cert",
+                    "grpc_server_tls_key",
+                    "grpc_client_tls_cacert",
+                ],
+                m,
+            )
+        })?;
+        Ok(Some(files))
+    }
+}

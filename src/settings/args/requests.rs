@@ -1,0 +1,43 @@
+//! How requests are decided: their size bounds and the global shadow and quota modes.
+
+use std::num::NonZeroUsize;
+
+use clap::Args;
+
+use super::super::parse::parse_count;
+
+use crate::limiter::LimiterOptions;
+use crate::store::FailureMode;
+
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Requests")]
+pub struct RequestArgs {
+    /// Never answer OVER_LIMIT overall (per-descriptor statuses still tell the truth)
+    #[arg(long, env = "SHADOW_MODE")]
+    shadow_mode: bool,
+
+    /// Treat every descriptor as a quota descriptor
+    #[arg(long, env = "QUOTA_MODE")]
+    quota_mode: bool,
+
+    /// Most descriptors one request may carry; more is answered INVALID_ARGUMENT
+    #[arg(long, env = "MAX_REQUEST_DESCRIPTORS", default_value = "64", value_parser = parse_count::<NonZeroUsize>)]
+    max_request_descriptors: NonZeroUsize,
+
+    /// Most entries one descriptor may carry; more is answered INVALID_ARGUMENT
+    #[arg(long, env = "MAX_DESCRIPTOR_ENTRIES", default_value = "16", value_parser = parse_count::<NonZeroUsize>)]
+    max_descriptor_entries: NonZeroUsize,
+}
+
+impl RequestArgs {
+    /// The limiter's options; `failure_mode` is the failure policy's default.
+    pub(super) fn limiter(&self, failure_mode: FailureMode) -> LimiterOptions {
+        LimiterOptions {
+            shadow_mode: self.shadow_mode,
+            quota_mode: self.quota_mode,
+            failure_mode,
+            max_descriptors: self.max_request_descriptors.get(),
+            max_entries: self.max_descriptor_entries.get(),
+        }
+    }
+}

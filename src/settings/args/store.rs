@@ -1,0 +1,273 @@
+//! The counter store: which one, the Redis connections (the main one and the per-second
+//! one, turned into [`RedisOptions`] in one place), the memory store's cap and the
+//! over-limit cache.
+
+use std::num::{NonZeroU64, NonZeroUsize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::super::parse::{parse_count, parse_duration};
+use super::named;
+use crate::settings::{Backend, SettingsError};
+use crate::store::memory::MemoryOptions;
+use crate::store::redis::{RedisKind, RedisOptions};
+
+/// The smallest over-limit cache, in bytes, whatever `LOCAL_CACHE_SIZE_IN_BYTES` asks (0 is off).
+const MIN_LOCAL_CACHE_BYTES: u64 = 512 * 1024;
+
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Store")]
+pub struct StoreArgs {
+    /// Counter store [default: redis when REDIS_URL is set, else memory]
+    #[arg(long, env = "BACKEND_TYPE", value_enum, ignore_case = true)]
+    backend: Option<Backend>,
+
+    #[command(flatten)]
+    redis: RedisArgs,
+
+    #[command(flatten)]
+    per_second: PerSecondArgs,
+
+    /// Prefix of every Redis key
+    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
+    cache_key_prefix: String,
+
+    /// Memory for the local over-limit cache, in bytes (0: off)
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value = "16777216")]
+    local_cache_size_in_bytes: u64,
+
+    /// Cap on counters the memory store tracks
+    #[arg(long, env = "MEMORY_MAX_KEYS", default_value = "1000000", value_parser = parse_count::<NonZeroU64>)]
+    memory_max_keys: NonZeroU64,
+}
+
+/// The main Redis.
+#[derive(Debug, Clone, Args)]
+struct RedisArgs {
+    /// Redis address: redis://, rediss:// (TLS), unix:///path or /path, host:port; for Cluster a comma-separated seed list; for Sentinel 'master-name,host:port,...'
+    #[arg(long, env = "REDIS_URL")]
+    redis_url: Option<String>,
+
+    /// Redis deployment
+    #[arg(
+        long,
+        env = "REDIS_TYPE",
+        value_enum,
+        ignore_case = true,
+        default_value = "single"
+    )]
+    redis_type: RedisKind,
+
+    /// Redis password, or user:password for an ACL user
+    #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
+    redis_auth: Option<String>,
+
+    /// Password of the Sentinels themselves
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true)]
+    redis_sentinel_auth: Option<String>,
+
+    /// Use TLS for Redis addresses given without a scheme
+    #[arg(long, env = "REDIS_TLS")]
+    redis_tls: bool,
+
+    /// PEM CA bundle for Redis TLS (default: the system roots)
+    #[arg(long, env = "REDIS_TLS_CACERT")]
+    redis_tls_cacert: Option<PathBuf>,
+
+    /// PEM client certificate for Redis mutual TLS
+    #[arg(long, env = "REDIS_TLS_CLIENT_CERT")]
+    redis_tls_client_cert: Option<PathBuf>,
+
+    /// PEM client key for Redis mutual TLS
+    #[arg(long, env = "REDIS_TLS_CLIENT_KEY")]
+    redis_tls_client_key: Option<PathBuf>,
+
+    /// Skip the TLS hostname check (only for test setups)
+    #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
+    redis_tls_skip_hostname_verification: bool,
+
+    /// Multiplexed connections per Redis node
+    #[arg(long, env = "REDIS_POOL_SIZE", default_value = "2", value_parser = parse_count::<NonZeroUsize>)]
+    redis_pool_size: NonZeroUsize,
+
+    /// Time allowed to connect to Redis
+    #[arg(long, env = "REDIS_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    redis_connect_timeout: Duration,
+}
+
+/// The per-second Redis (`REDIS_PERSECOND`); TLS files and the key prefix are the main one's.
+#[derive(Debug, Clone, Args)]
+struct PerSecondArgs {
+    /// Count the limits whose unit is `second` on a Redis of their own (REDIS_PERSECOND_*)
+    #[arg(long, env = "REDIS_PERSECOND")]
+    redis_persecond: bool,
+
+    /// Address of the per-second Redis, in REDIS_URL's forms
+    #[arg(long, env = "REDIS_PERSECOND_URL")]
+    redis_persecond_url: Option<String>,
+
+    /// Deployment of the per-second Redis
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_TYPE",
+        value_enum,
+        ignore_case = true,
+        default_value = "single"
+    )]
+    redis_persecond_type: RedisKind,
+
+    /// Password (or user:password) of the per-second Redis
+    #[arg(long, env = "REDIS_PERSECOND_AUTH", hide_env_values = true)]
+    redis_persecond_auth: Option<String>,
+
+    /// Password of the per-second Redis's Sentinels
+    #[arg(long, env = "REDIS_PERSECOND_SENTINEL_AUTH", hide_env_values = true)]
+    redis_persecond_sentinel_auth: Option<String>,
+
+    /// Use TLS for per-second Redis addresses given without a scheme (certificates: REDIS_TLS_*)
+    #[arg(long, env = "REDIS_PERSECOND_TLS")]
+    redis_persecond_tls: bool,
+
+    /// Multiplexed connections per per-second Redis node
+    #[arg(long, env = "REDIS_PERSECOND_POOL_SIZE", default_value = "2", value_parser = parse_count::<NonZeroUsize>)]
+    redis_persecond_pool_size: NonZeroUsize,
+
+    /// Time allowed to connect to the per-second Redis
+    #[arg(long, env = "REDIS_PERSECOND_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    redis_persecond_connect_timeout: Duration,
+}
+
+/// The resolved store settings.
+pub(super) struct Stores {
+    pub backend: Backend,
+    pub redis: Option<RedisOptions>,
+    pub redis_per_second: Option<RedisOptions>,
+    pub memory: MemoryOptions,
+    pub local_cache_keys: usize,
+}
+
+/// What distinguishes one Redis connection from the other, and the setting that names it.
+struct Connection {
+    /// Id of the address argument, named in errors.
+    url_id: &'static str,
+    /// What needs the address, for the error when it is missing.
+    needed_by: &'static str,
+    url: Option<String>,
+    kind: RedisKind,
+    auth: Option<String>,
+    sentinel_auth: Option<String>,
+    tls: bool,
+    connections: NonZeroUsize,
+    connect_timeout: Duration,
+}
+
+impl StoreArgs {
+    /// `deadline` is every script call's longest wait (the failure policy's).
+    pub(super) fn resolve(self, deadline: Duration) -> Result<Stores, SettingsError> {
+        let backend = self.backend.unwrap_or(if self.redis.redis_url.is_some() {
+            Backend::Redis
+        } else {
+            Backend::Memory
+        });
+        let base = RedisOptions {
+            url: String::new(),
+            kind: RedisKind::Single,
+            auth: None,
+            sentinel_auth: None,
+            tls: false,
+            tls_ca: self.redis.redis_tls_cacert.clone(),
+            tls_cert: self.redis.redis_tls_client_cert.clone(),
+            tls_key: self.redis.redis_tls_client_key.clone(),
+            tls_insecure: self.redis.redis_tls_skip_hostname_verification,
+            key_prefix: self.cache_key_prefix.clone(),
+            connections: 1,
+            connect_timeout: Duration::ZERO,
+            call_timeout: deadline,
+        };
+        let redis = match backend {
+            Backend::Memory => None,
+            Backend::Redis => Some(connect(self.redis.connection(), &base)?),
+        };
+        let redis_per_second = match (&redis, self.per_second.redis_persecond) {
+            (_, false) => None,
+            (None, true) => {
+                return Err(named(
+                    &["redis_persecond"],
+                    "needs the redis backend (REDIS_URL) for the other counters",
+                ));
+            }
+            (Some(_), true) => Some(connect(self.per_second.connection(), &base)?),
+        };
+        Ok(Stores {
+            backend,
+            redis,
+            redis_per_second,
+            memory: MemoryOptions {
+                max_keys: self.memory_max_keys.get(),
+            },
+            // About 128 bytes per entry: a digest, the refusal and the map's overhead. Like the
+            // reference's cache library, never less than 512 KiB when on: a few hundred bytes
+            // would hold one refusal per shard and drop the rest.
+            local_cache_keys: match self.local_cache_size_in_bytes {
+                0 => 0,
+                bytes => (bytes.max(MIN_LOCAL_CACHE_BYTES) / 128) as usize,
+            },
+        })
+    }
+}
+
+impl RedisArgs {
+    fn connection(self) -> Connection {
+        Connection {
+            url_id: "redis_url",
+            needed_by: "the redis backend",
+            url: self.redis_url,
+            kind: self.redis_type,
+            auth: self.redis_auth,
+            sentinel_auth: self.redis_sentinel_auth,
+            tls: self.redis_tls,
+            connections: self.redis_pool_size,
+            connect_timeout: self.redis_connect_timeout,
+        }
+    }
+}
+
+impl PerSecondArgs {
+    fn connection(self) -> Connection {
+        Connection {
+            url_id: "redis_persecond_url",
+            needed_by: "REDIS_PERSECOND",
+            url: self.redis_persecond_url,
+            kind: self.redis_persecond_type,
+            auth: self.redis_persecond_auth,
+            sentinel_auth: self.redis_persecond_sentinel_auth,
+            tls: self.redis_persecond_tls,
+            connections: self.redis_persecond_pool_size,
+            connect_timeout: self.redis_persecond_connect_timeout,
+        }
+    }
+}
+
+/// The one place a Redis connection's settings become [`RedisOptions`]: the address is
+/// required and parsed now, so a typo stops startup instead of failing every request.
+fn connect(connection: Connection, base: &RedisOptions) -> Result<RedisOptions, SettingsError> {
+    let id = connection.url_id;
+    let Some(url) = connection.url.filter(|u| !u.trim().is_empty()) else {
+        let message = format!("{} needs a Redis address", connection.needed_by);
+        return Err(named(&[id], message));
+    };
+    let options = RedisOptions {
+        url,
+        kind: connection.kind,
+        auth: connection.auth.filter(|a| !a.is_empty()),
+        sentinel_auth: connection.sentinel_auth.filter(|a| !a.is_empty()),
+        tls: connection.tls,
+        connections: connection.connections.get(),
+        connect_timeout: connection.connect_timeout,
+        ..base.clone()
+    };
+    crate::store::RedisStore::new(&options).map_err(|m| named(&[id], m))?;
+    Ok(options)
+}
