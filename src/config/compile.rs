@@ -1,16 +1,14 @@
 //! Raw config files → [`Policy`], with every semantic check of DESIGN §2. All errors of a
 //! load are collected; the policy is only returned when there are none.
 
+mod rule;
+
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use super::raw::{RawDescriptor, RawFile, RawRateLimit};
+use super::raw::{RawDescriptor, RawFile};
 use super::{ConfigError, LoadOptions};
-use crate::algorithm::Algorithm;
-use crate::policy::{
-    Children, Domain, KeyGroup, Level, MetaValue, Node, Pattern, Policy, Priorities, RateLimit,
-    Rule, RuleLimit,
-};
+use crate::policy::{Children, Domain, KeyGroup, Level, Node, Pattern, Policy};
 use crate::store::FailureMode;
 
 /// Compiles parsed files, in order, into one policy.
@@ -132,22 +130,7 @@ impl Cx<'_> {
             };
             let stats_key = format!("{parent_key}.{composite}");
             let pattern = value.and_then(Pattern::new);
-            if raw.share_threshold && pattern.is_none() {
-                self.error(
-                    &format!("{path}.share_threshold"),
-                    format!(
-                        "share_threshold can only be used with wildcard values (containing '*'), but found key '{composite}'"
-                    ),
-                );
-            }
-            if let Some(metadata) = &raw.metadata
-                && !(metadata.is_mapping() || metadata.is_null())
-            {
-                self.error(
-                    &format!("{path}.metadata"),
-                    "error parsing metadata: expected a mapping of keys to values",
-                );
-            }
+            self.check_descriptor(raw, &path, &composite, pattern.is_some());
             let group = children.by_key.entry(key.to_owned()).or_default();
             if is_taken(group, value, pattern.as_ref()) {
                 self.error(
@@ -156,39 +139,7 @@ impl Cx<'_> {
                 );
                 continue;
             }
-
-            let enclosing_mode = self.failure_mode;
-            if let Some(mode) =
-                self.failure_mode(raw.failure_mode.as_deref(), &format!("{path}.failure_mode"))
-            {
-                self.failure_mode = Some(mode);
-            }
-            self.levels.push(Level {
-                key: key.to_owned(),
-                value: value.map(str::to_owned),
-                value_to_metric: raw.value_to_metric,
-            });
-            self.shared.push(
-                pattern
-                    .as_ref()
-                    .filter(|_| raw.share_threshold)
-                    .map(|p| p.as_str().to_owned()),
-            );
-            let mut node = Node {
-                rule: self.rule(raw, &path, &stats_key),
-                children: Children::default(),
-            };
-            let nested = raw.descriptors.as_deref().unwrap_or_default();
-            self.level(
-                &mut node.children,
-                nested,
-                &format!("{path}.descriptors"),
-                &stats_key,
-            );
-            self.shared.pop();
-            self.levels.pop();
-            self.failure_mode = enclosing_mode;
-
+            let node = self.node(raw, &path, &stats_key, value, pattern.as_ref());
             match (value, pattern) {
                 (_, Some(pattern)) => group.wildcards.push((pattern, node)),
                 (Some(value), None) => {
@@ -199,211 +150,73 @@ impl Cx<'_> {
         }
     }
 
-    /// Compiles a descriptor's `rate_limit:` or `rate_limits:`; `None` when it has neither or
-    /// they are invalid (with every error recorded).
-    fn rule(&mut self, descriptor: &RawDescriptor, path: &str, stats_key: &str) -> Option<Rule> {
-        let errors_before = self.errors.len();
-        let entries: Vec<(String, &RawRateLimit)> =
-            match (&descriptor.rate_limit, &descriptor.rate_limits) {
-                (None, None) => {
-                    if descriptor.priorities.is_some() {
-                        self.error(
-                            &format!("{path}.priorities"),
-                            "priorities without rate_limit or rate_limits",
-                        );
-                    }
-                    return None;
-                }
-                (Some(_), Some(_)) => {
-                    self.error(
-                        path,
-                        "rate_limit and rate_limits are mutually exclusive: use one",
-                    );
-                    return None;
-                }
-                (Some(one), None) => vec![(format!("{path}.rate_limit"), one)],
-                (None, Some(many)) => {
-                    if many.is_empty() {
-                        self.error(
-                            &format!("{path}.rate_limits"),
-                            "rate_limits must not be empty",
-                        );
-                    }
-                    many.iter()
-                        .enumerate()
-                        .map(|(i, rl)| (format!("{path}.rate_limits[{i}]"), rl))
-                        .collect()
-                }
-            };
-        let several = descriptor.rate_limits.is_some();
-
-        let mut limits = Vec::new();
-        let mut unlimited = false;
-        let mut replaces = Vec::new();
-        for (path, raw) in &entries {
-            let name = raw.name.as_deref().filter(|n| !n.is_empty());
-            if raw.unlimited {
-                if several {
-                    self.error(
-                        path,
-                        "unlimited is not allowed in rate_limits; use rate_limit",
-                    );
-                }
-                if raw.unit.as_deref().is_some_and(|u| !u.is_empty()) {
-                    self.error(path, "should not specify rate limit unit when unlimited");
-                }
-                if raw.algorithm.is_some() {
-                    self.error(
-                        &format!("{path}.algorithm"),
-                        "should not specify an algorithm when unlimited",
-                    );
-                }
-                if raw.burst.is_some() {
-                    self.error(
-                        &format!("{path}.burst"),
-                        "should not specify burst when unlimited",
-                    );
-                }
-                unlimited = true;
-            } else if let Some(limit) = self.limit(raw, path, name) {
-                if limits
-                    .iter()
-                    .any(|l: &RateLimit| l.unit == limit.unit && l.algorithm == limit.algorithm)
-                {
-                    self.error(
-                        path,
-                        format!(
-                            "two rate_limits with unit {} and algorithm {}: the stricter one always decides; keep one",
-                            limit.unit.proto_name(),
-                            limit.algorithm.as_str()
-                        ),
-                    );
-                }
-                limits.push(limit);
-            }
-            for (i, entry) in raw.replaces.iter().flatten().enumerate() {
-                let entry_path = format!("{path}.replaces[{i}]");
-                match entry.name.as_deref().filter(|n| !n.is_empty()) {
-                    None => self.error(&entry_path, "should not have an empty replaces entry"),
-                    Some(n) if Some(n) == name => self.error(
-                        &entry_path,
-                        "replaces should not contain name of same descriptor",
-                    ),
-                    Some(n) => replaces.push(n.to_owned()),
-                }
-            }
-        }
-
-        let name = entries
-            .iter()
-            .find_map(|(_, raw)| raw.name.clone().filter(|n| !n.is_empty()));
-        let priorities = self.priorities(descriptor, path, unlimited);
-        (self.errors.len() == errors_before).then(|| Rule {
-            stats_key: stats_key.to_owned(),
-            limit: if unlimited {
-                RuleLimit::Unlimited
-            } else {
-                RuleLimit::Limited(limits)
-            },
-            name,
-            replaces,
-            shadow_mode: descriptor.shadow_mode,
-            quota_mode: descriptor.quota_mode,
-            detailed_metric: descriptor.detailed_metric,
-            value_to_metric: self.levels.iter().any(|l| l.value_to_metric),
-            shared: self.shared.clone(),
-            failure_mode: self.failure_mode,
-            priorities,
-            metadata: match descriptor.metadata.as_ref().map(MetaValue::from_yaml) {
-                Some(MetaValue::Map(map)) if !map.is_empty() => Some(map),
-                _ => None,
-            },
-            levels: self.levels.clone(),
-        })
-    }
-
-    /// Checks and compiles `priorities:`.
-    fn priorities(
+    /// The checks of one descriptor's own fields that no other field depends on.
+    fn check_descriptor(
         &mut self,
-        descriptor: &RawDescriptor,
+        raw: &RawDescriptor,
         path: &str,
-        unlimited: bool,
-    ) -> Option<Priorities> {
-        let raw = descriptor.priorities.as_ref()?;
-        let path = format!("{path}.priorities");
-        if descriptor.value.as_deref().is_some_and(|v| !v.is_empty()) {
+        composite: &str,
+        wildcard: bool,
+    ) {
+        if raw.share_threshold && !wildcard {
             self.error(
-                &path,
-                "priorities need a key-only descriptor (no value): the request's value names the priority class",
+                &format!("{path}.share_threshold"),
+                format!(
+                    "share_threshold can only be used with wildcard values (containing '*'), but found key '{composite}'"
+                ),
             );
         }
-        if unlimited {
-            self.error(&path, "priorities need a counted limit, not unlimited");
+        if let Some(metadata) = &raw.metadata
+            && !(metadata.is_mapping() || metadata.is_null())
+        {
+            self.error(
+                &format!("{path}.metadata"),
+                "error parsing metadata: expected a mapping of keys to values",
+            );
         }
-        if raw.is_empty() {
-            self.error(&path, "priorities must name at least one class");
-        }
-        for (class, share) in raw {
-            if !(*share > 0.0 && *share <= 1.0) {
-                self.error(
-                    &format!("{path}.{class}"),
-                    format!("priority share {share} is not in (0, 1]"),
-                );
-            }
-        }
-        Priorities::new(raw.iter().map(|(c, s)| (c.clone(), *s)).collect())
     }
 
-    /// Compiles one counted limit; `None` (with errors recorded) when it is invalid.
-    fn limit(&mut self, raw: &RawRateLimit, path: &str, name: Option<&str>) -> Option<RateLimit> {
-        let unit_text = raw.unit.as_deref().unwrap_or_default();
-        let unit = unit_text.parse().ok();
-        if unit.is_none() {
-            self.error(
-                &format!("{path}.unit"),
-                format!("invalid rate limit unit '{unit_text}'"),
-            );
+    /// Compiles one descriptor and those nested in it, within the scope it opens: its level,
+    /// its failure mode and its shared wildcard.
+    fn node(
+        &mut self,
+        raw: &RawDescriptor,
+        path: &str,
+        stats_key: &str,
+        value: Option<&str>,
+        pattern: Option<&Pattern>,
+    ) -> Node {
+        let enclosing_mode = self.failure_mode;
+        if let Some(mode) =
+            self.failure_mode(raw.failure_mode.as_deref(), &format!("{path}.failure_mode"))
+        {
+            self.failure_mode = Some(mode);
         }
-        if raw.requests_per_unit.is_none() {
-            self.error(
-                path,
-                "rate limit has no requests_per_unit (use 0 to reject everything, or unlimited: true)",
-            );
-        }
-        let algorithm = match raw.algorithm.as_deref() {
-            None => Some(Algorithm::FixedWindow),
-            Some(text) => {
-                let found = Algorithm::ALL
-                    .into_iter()
-                    .find(|a| a.as_str().eq_ignore_ascii_case(text));
-                if found.is_none() {
-                    self.error(
-                        &format!("{path}.algorithm"),
-                        format!(
-                            "invalid algorithm '{text}' (expected fixed_window, sliding_window, token_bucket or concurrency)"
-                        ),
-                    );
-                }
-                found
-            }
+        self.levels.push(Level {
+            key: raw.key.clone().unwrap_or_default(),
+            value: value.map(str::to_owned),
+            value_to_metric: raw.value_to_metric,
+        });
+        self.shared.push(
+            pattern
+                .filter(|_| raw.share_threshold)
+                .map(|p| p.as_str().to_owned()),
+        );
+        let mut node = Node {
+            rule: self.rule(raw, path, stats_key),
+            children: Children::default(),
         };
-        if let Some(burst) = raw.burst {
-            if algorithm != Some(Algorithm::TokenBucket) {
-                self.error(
-                    &format!("{path}.burst"),
-                    "burst is only valid with algorithm: token_bucket",
-                );
-            } else if burst == 0 {
-                self.error(&format!("{path}.burst"), "burst must be at least 1");
-            }
-        }
-        Some(RateLimit {
-            requests_per_unit: raw.requests_per_unit?,
-            unit: unit?,
-            algorithm: algorithm?,
-            burst: raw.burst,
-            name: name.map(str::to_owned),
-        })
+        let nested = raw.descriptors.as_deref().unwrap_or_default();
+        self.level(
+            &mut node.children,
+            nested,
+            &format!("{path}.descriptors"),
+            stats_key,
+        );
+        self.shared.pop();
+        self.levels.pop();
+        self.failure_mode = enclosing_mode;
+        node
     }
 }
 

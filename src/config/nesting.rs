@@ -73,6 +73,16 @@ enum At {
     Flow,
 }
 
+/// The scan's position within one line, between tokens.
+struct Cursor {
+    pos: usize,
+    at: At,
+    /// Where the block node being read began, properties (`&a`, `!t`) included.
+    node: usize,
+    /// The next token starts a block node.
+    fresh: bool,
+}
+
 #[derive(Debug)]
 struct Scan {
     max: usize,
@@ -198,155 +208,175 @@ impl Scan {
     }
 
     /// Reads the tokens of `l` from `pos`.
-    fn run(&mut self, l: &[u8], mut pos: usize, mut at: At) -> Result<(), usize> {
-        // Where the block node being read began, properties (`&a`, `!t`) included.
-        let mut node = pos;
-        let mut fresh = true;
+    fn run(&mut self, l: &[u8], pos: usize, at: At) -> Result<(), usize> {
+        let mut cursor = Cursor {
+            pos,
+            at,
+            node: pos,
+            fresh: true,
+        };
         loop {
-            pos = skip_blanks(l, pos);
-            let Some(&c) = l.get(pos) else {
+            cursor.pos = skip_blanks(l, cursor.pos);
+            let Some(&c) = l.get(cursor.pos) else {
                 return Ok(());
             };
-            match at {
-                At::Flow => {
-                    if self.in_plain {
-                        match c {
-                            b'#' if pos == 0 || is_blank(l[pos - 1]) => {
-                                self.in_plain = false;
-                                return Ok(());
-                            }
-                            b':' if blank_or_end(l, pos + 1)
-                                || matches!(
-                                    l.get(pos + 1),
-                                    Some(b',' | b'[' | b']' | b'{' | b'}')
-                                ) =>
-                            {
-                                self.in_plain = false;
-                            }
-                            b',' | b'[' | b']' | b'{' | b'}' => self.in_plain = false,
-                            _ => {
-                                pos += 1;
-                                continue;
-                            }
-                        }
-                    }
-                    match c {
-                        b'#' => return Ok(()),
-                        b'[' | b'{' => {
-                            self.push_flow(c == b'[', pos)?;
-                            pos += 1;
-                        }
-                        b']' | b'}' => {
-                            self.pop_flow();
-                            pos += 1;
-                            if self.flows.is_empty() {
-                                at = At::BlockAfter {
-                                    node: self.flow_node,
-                                };
-                            }
-                        }
-                        b',' => {
-                            self.next_entry();
-                            pos += 1;
-                        }
-                        b'?' | b':' => {
-                            self.pair(pos)?;
-                            pos += 1;
-                        }
-                        b'"' | b'\'' => match quoted_end(l, pos + 1, c) {
-                            None => {
-                                self.carry = Carry::Quoted(c);
-                                return Ok(());
-                            }
-                            Some(end) => pos = end,
-                        },
-                        b'&' | b'*' => pos = skip_anchor(l, pos + 1),
-                        b'!' => pos = skip_tag(l, pos, true),
-                        _ => {
-                            self.in_plain = true;
-                            pos += 1;
-                        }
-                    }
+            let more = match cursor.at {
+                At::Flow => self.flow_token(l, c, &mut cursor)?,
+                At::BlockAfter { node } => self.after_node(l, c, node, &mut cursor)?,
+                At::BlockToken => self.block_token(l, c, &mut cursor)?,
+            };
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One token `c` inside flow collections; `false` when the rest of the line is read.
+    fn flow_token(&mut self, l: &[u8], c: u8, cursor: &mut Cursor) -> Result<bool, usize> {
+        let pos = cursor.pos;
+        if self.in_plain {
+            match c {
+                b'#' if pos == 0 || is_blank(l[pos - 1]) => {
+                    self.in_plain = false;
+                    return Ok(false);
                 }
-                At::BlockAfter { node } => match c {
-                    b'#' => return Ok(()),
-                    b':' if blank_or_end(l, pos + 1) => {
-                        // A flow collection as a key of a new mapping: one level deeper.
-                        if self.open(Kind::Map, node)? && self.flow_peak >= self.max {
-                            return Err(node);
-                        }
-                        self.flow_peak = 0;
-                        pos += 1;
-                        at = At::BlockToken;
-                        fresh = true;
-                    }
-                    // Anything else is an error to the parser; keep reading tokens.
-                    _ => {
-                        self.flow_peak = 0;
-                        at = At::BlockToken;
-                        fresh = true;
-                    }
-                },
-                At::BlockToken => {
-                    if fresh {
-                        node = pos;
-                        fresh = false;
-                    }
-                    match c {
-                        b'#' => return Ok(()),
-                        b'-' | b'?' | b':' if blank_or_end(l, pos + 1) => {
-                            let kind = if c == b'-' { Kind::Seq } else { Kind::Map };
-                            // After properties, `&a : b` is a key: its mapping is at `&a`.
-                            self.open(kind, node)?;
-                            pos += 1;
-                            at = At::BlockToken;
-                            fresh = true;
-                        }
-                        b'&' => pos = skip_anchor(l, pos + 1),
-                        b'!' => pos = skip_tag(l, pos, false),
-                        b'|' | b'>' => {
-                            self.block_scalar(l, pos + 1);
-                            return Ok(());
-                        }
-                        b'[' | b'{' => {
-                            self.flow_node = node;
-                            self.push_flow(c == b'[', pos)?;
-                            pos += 1;
-                            at = At::Flow;
-                        }
-                        b'"' | b'\'' => match quoted_end(l, pos + 1, c) {
-                            None => {
-                                self.carry = Carry::Quoted(c);
-                                return Ok(());
-                            }
-                            Some(end) => {
-                                pos = end;
-                                self.flow_peak = 0;
-                                at = At::BlockAfter { node };
-                            }
-                        },
-                        b'*' => {
-                            pos = skip_anchor(l, pos + 1);
-                            self.flow_peak = 0;
-                            at = At::BlockAfter { node };
-                        }
-                        _ => match plain_end(l, pos) {
-                            Plain::Key(colon) => {
-                                self.open(Kind::Map, node)?;
-                                pos = colon + 1;
-                                at = At::BlockToken;
-                                fresh = true;
-                            }
-                            Plain::Comment => return Ok(()),
-                            Plain::Line => {
-                                self.carry = Carry::Plain;
-                                return Ok(());
-                            }
-                        },
-                    }
+                b':' if blank_or_end(l, pos + 1)
+                    || matches!(l.get(pos + 1), Some(b',' | b'[' | b']' | b'{' | b'}')) =>
+                {
+                    self.in_plain = false;
+                }
+                b',' | b'[' | b']' | b'{' | b'}' => self.in_plain = false,
+                _ => {
+                    cursor.pos += 1;
+                    return Ok(true);
                 }
             }
         }
+        match c {
+            b'#' => return Ok(false),
+            b'[' | b'{' => {
+                self.push_flow(c == b'[', pos)?;
+                cursor.pos += 1;
+            }
+            b']' | b'}' => {
+                self.pop_flow();
+                cursor.pos += 1;
+                if self.flows.is_empty() {
+                    cursor.at = At::BlockAfter {
+                        node: self.flow_node,
+                    };
+                }
+            }
+            b',' => {
+                self.next_entry();
+                cursor.pos += 1;
+            }
+            b'?' | b':' => {
+                self.pair(pos)?;
+                cursor.pos += 1;
+            }
+            b'"' | b'\'' => match quoted_end(l, pos + 1, c) {
+                None => {
+                    self.carry = Carry::Quoted(c);
+                    return Ok(false);
+                }
+                Some(end) => cursor.pos = end,
+            },
+            b'&' | b'*' => cursor.pos = skip_anchor(l, pos + 1),
+            b'!' => cursor.pos = skip_tag(l, pos, true),
+            _ => {
+                self.in_plain = true;
+                cursor.pos += 1;
+            }
+        }
+        Ok(true)
+    }
+
+    /// One token `c` right after a block-level node that began at `node` (a quoted scalar,
+    /// an alias or a flow collection): a `:` makes it a key.
+    fn after_node(
+        &mut self,
+        l: &[u8],
+        c: u8,
+        node: usize,
+        cursor: &mut Cursor,
+    ) -> Result<bool, usize> {
+        match c {
+            b'#' => return Ok(false),
+            b':' if blank_or_end(l, cursor.pos + 1) => {
+                // A flow collection as a key of a new mapping: one level deeper.
+                if self.open(Kind::Map, node)? && self.flow_peak >= self.max {
+                    return Err(node);
+                }
+                cursor.pos += 1;
+            }
+            // Anything else is an error to the parser; keep reading tokens.
+            _ => {}
+        }
+        self.flow_peak = 0;
+        cursor.at = At::BlockToken;
+        cursor.fresh = true;
+        Ok(true)
+    }
+
+    /// One token `c` where a block node may start.
+    fn block_token(&mut self, l: &[u8], c: u8, cursor: &mut Cursor) -> Result<bool, usize> {
+        if cursor.fresh {
+            cursor.node = cursor.pos;
+            cursor.fresh = false;
+        }
+        let (pos, node) = (cursor.pos, cursor.node);
+        match c {
+            b'#' => return Ok(false),
+            b'-' | b'?' | b':' if blank_or_end(l, pos + 1) => {
+                let kind = if c == b'-' { Kind::Seq } else { Kind::Map };
+                // After properties, `&a : b` is a key: its mapping is at `&a`.
+                self.open(kind, node)?;
+                cursor.pos += 1;
+                cursor.fresh = true;
+            }
+            b'&' => cursor.pos = skip_anchor(l, pos + 1),
+            b'!' => cursor.pos = skip_tag(l, pos, false),
+            b'|' | b'>' => {
+                self.block_scalar(l, pos + 1);
+                return Ok(false);
+            }
+            b'[' | b'{' => {
+                self.flow_node = node;
+                self.push_flow(c == b'[', pos)?;
+                cursor.pos += 1;
+                cursor.at = At::Flow;
+            }
+            b'"' | b'\'' => match quoted_end(l, pos + 1, c) {
+                None => {
+                    self.carry = Carry::Quoted(c);
+                    return Ok(false);
+                }
+                Some(end) => {
+                    cursor.pos = end;
+                    self.flow_peak = 0;
+                    cursor.at = At::BlockAfter { node };
+                }
+            },
+            b'*' => {
+                cursor.pos = skip_anchor(l, pos + 1);
+                self.flow_peak = 0;
+                cursor.at = At::BlockAfter { node };
+            }
+            _ => match plain_end(l, pos) {
+                Plain::Key(colon) => {
+                    self.open(Kind::Map, node)?;
+                    cursor.pos = colon + 1;
+                    cursor.fresh = true;
+                }
+                Plain::Comment => return Ok(false),
+                Plain::Line => {
+                    self.carry = Carry::Plain;
+                    return Ok(false);
+                }
+            },
+        }
+        Ok(true)
     }
 
     /// Closes the block collections indented more than `column`.

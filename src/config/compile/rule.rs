@@ -1,0 +1,246 @@
+//! One descriptor's rule: its `rate_limit:` or `rate_limits:`, `unlimited`, `replaces`,
+//! `priorities` and each limit's unit, algorithm and burst.
+
+use super::Cx;
+use crate::algorithm::Algorithm;
+use crate::config::raw::{RawDescriptor, RawRateLimit};
+use crate::policy::{MetaValue, Priorities, RateLimit, Rule, RuleLimit};
+
+impl Cx<'_> {
+    /// Compiles a descriptor's `rate_limit:` or `rate_limits:`; `None` when it has neither or
+    /// they are invalid (with every error recorded).
+    pub(super) fn rule(
+        &mut self,
+        descriptor: &RawDescriptor,
+        path: &str,
+        stats_key: &str,
+    ) -> Option<Rule> {
+        let errors_before = self.errors.len();
+        let entries = self.rate_limit_entries(descriptor, path)?;
+        let several = descriptor.rate_limits.is_some();
+        let mut limits = Vec::new();
+        let mut unlimited = false;
+        let mut replaces = Vec::new();
+        for (path, raw) in &entries {
+            let name = raw.name.as_deref().filter(|n| !n.is_empty());
+            if raw.unlimited {
+                self.check_unlimited(raw, path, several);
+                unlimited = true;
+            } else if let Some(limit) = self.limit(raw, path, name) {
+                if limits
+                    .iter()
+                    .any(|l: &RateLimit| l.unit == limit.unit && l.algorithm == limit.algorithm)
+                {
+                    self.error(
+                        path,
+                        format!(
+                            "two rate_limits with unit {} and algorithm {}: the stricter one always decides; keep one",
+                            limit.unit.proto_name(),
+                            limit.algorithm.as_str()
+                        ),
+                    );
+                }
+                limits.push(limit);
+            }
+            self.replaces(raw, path, name, &mut replaces);
+        }
+        let name = entries
+            .iter()
+            .find_map(|(_, raw)| raw.name.clone().filter(|n| !n.is_empty()));
+        let priorities = self.priorities(descriptor, path, unlimited);
+        (self.errors.len() == errors_before).then(|| Rule {
+            stats_key: stats_key.to_owned(),
+            limit: if unlimited {
+                RuleLimit::Unlimited
+            } else {
+                RuleLimit::Limited(limits)
+            },
+            name,
+            replaces,
+            shadow_mode: descriptor.shadow_mode,
+            quota_mode: descriptor.quota_mode,
+            detailed_metric: descriptor.detailed_metric,
+            value_to_metric: self.levels.iter().any(|l| l.value_to_metric),
+            shared: self.shared.clone(),
+            failure_mode: self.failure_mode,
+            priorities,
+            metadata: match descriptor.metadata.as_ref().map(MetaValue::from_yaml) {
+                Some(MetaValue::Map(map)) if !map.is_empty() => Some(map),
+                _ => None,
+            },
+            levels: self.levels.clone(),
+        })
+    }
+
+    /// A descriptor's limits with their paths: its `rate_limit:`, or each of its
+    /// `rate_limits:`; `None` when it has neither, or both.
+    fn rate_limit_entries<'r>(
+        &mut self,
+        descriptor: &'r RawDescriptor,
+        path: &str,
+    ) -> Option<Vec<(String, &'r RawRateLimit)>> {
+        match (&descriptor.rate_limit, &descriptor.rate_limits) {
+            (None, None) => {
+                if descriptor.priorities.is_some() {
+                    self.error(
+                        &format!("{path}.priorities"),
+                        "priorities without rate_limit or rate_limits",
+                    );
+                }
+                None
+            }
+            (Some(_), Some(_)) => {
+                self.error(
+                    path,
+                    "rate_limit and rate_limits are mutually exclusive: use one",
+                );
+                None
+            }
+            (Some(one), None) => Some(vec![(format!("{path}.rate_limit"), one)]),
+            (None, Some(many)) => {
+                if many.is_empty() {
+                    self.error(
+                        &format!("{path}.rate_limits"),
+                        "rate_limits must not be empty",
+                    );
+                }
+                Some(
+                    many.iter()
+                        .enumerate()
+                        .map(|(i, rl)| (format!("{path}.rate_limits[{i}]"), rl))
+                        .collect(),
+                )
+            }
+        }
+    }
+
+    /// An `unlimited: true` limit takes nothing else, and only as the one `rate_limit:`.
+    fn check_unlimited(&mut self, raw: &RawRateLimit, path: &str, several: bool) {
+        if several {
+            self.error(
+                path,
+                "unlimited is not allowed in rate_limits; use rate_limit",
+            );
+        }
+        if raw.unit.as_deref().is_some_and(|u| !u.is_empty()) {
+            self.error(path, "should not specify rate limit unit when unlimited");
+        }
+        if raw.algorithm.is_some() {
+            self.error(
+                &format!("{path}.algorithm"),
+                "should not specify an algorithm when unlimited",
+            );
+        }
+        if raw.burst.is_some() {
+            self.error(
+                &format!("{path}.burst"),
+                "should not specify burst when unlimited",
+            );
+        }
+    }
+
+    /// Adds the names in a limit's `replaces:` (named `name`) to `into`.
+    fn replaces(
+        &mut self,
+        raw: &RawRateLimit,
+        path: &str,
+        name: Option<&str>,
+        into: &mut Vec<String>,
+    ) {
+        for (i, entry) in raw.replaces.iter().flatten().enumerate() {
+            let entry_path = format!("{path}.replaces[{i}]");
+            match entry.name.as_deref().filter(|n| !n.is_empty()) {
+                None => self.error(&entry_path, "should not have an empty replaces entry"),
+                Some(n) if Some(n) == name => self.error(
+                    &entry_path,
+                    "replaces should not contain name of same descriptor",
+                ),
+                Some(n) => into.push(n.to_owned()),
+            }
+        }
+    }
+
+    /// Checks and compiles `priorities:`.
+    fn priorities(
+        &mut self,
+        descriptor: &RawDescriptor,
+        path: &str,
+        unlimited: bool,
+    ) -> Option<Priorities> {
+        let raw = descriptor.priorities.as_ref()?;
+        let path = format!("{path}.priorities");
+        if descriptor.value.as_deref().is_some_and(|v| !v.is_empty()) {
+            self.error(
+                &path,
+                "priorities need a key-only descriptor (no value): the request's value names the priority class",
+            );
+        }
+        if unlimited {
+            self.error(&path, "priorities need a counted limit, not unlimited");
+        }
+        if raw.is_empty() {
+            self.error(&path, "priorities must name at least one class");
+        }
+        for (class, share) in raw {
+            if !(*share > 0.0 && *share <= 1.0) {
+                self.error(
+                    &format!("{path}.{class}"),
+                    format!("priority share {share} is not in (0, 1]"),
+                );
+            }
+        }
+        Priorities::new(raw.iter().map(|(c, s)| (c.clone(), *s)).collect())
+    }
+
+    /// Compiles one counted limit; `None` (with errors recorded) when it is invalid.
+    fn limit(&mut self, raw: &RawRateLimit, path: &str, name: Option<&str>) -> Option<RateLimit> {
+        let unit_text = raw.unit.as_deref().unwrap_or_default();
+        let unit = unit_text.parse().ok();
+        if unit.is_none() {
+            self.error(
+                &format!("{path}.unit"),
+                format!("invalid rate limit unit '{unit_text}'"),
+            );
+        }
+        if raw.requests_per_unit.is_none() {
+            self.error(
+                path,
+                "rate limit has no requests_per_unit (use 0 to reject everything, or unlimited: true)",
+            );
+        }
+        let algorithm = match raw.algorithm.as_deref() {
+            None => Some(Algorithm::FixedWindow),
+            Some(text) => {
+                let found = Algorithm::ALL
+                    .into_iter()
+                    .find(|a| a.as_str().eq_ignore_ascii_case(text));
+                if found.is_none() {
+                    self.error(
+                        &format!("{path}.algorithm"),
+                        format!(
+                            "invalid algorithm '{text}' (expected fixed_window, sliding_window, token_bucket or concurrency)"
+                        ),
+                    );
+                }
+                found
+            }
+        };
+        if let Some(burst) = raw.burst {
+            if algorithm != Some(Algorithm::TokenBucket) {
+                self.error(
+                    &format!("{path}.burst"),
+                    "burst is only valid with algorithm: token_bucket",
+                );
+            } else if burst == 0 {
+                self.error(&format!("{path}.burst"), "burst must be at least 1");
+            }
+        }
+        Some(RateLimit {
+            requests_per_unit: raw.requests_per_unit?,
+            unit: unit?,
+            algorithm: algorithm?,
+            burst: raw.burst,
+            name: name.map(str::to_owned),
+        })
+    }
+}
