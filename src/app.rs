@@ -9,6 +9,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
@@ -230,36 +232,48 @@ impl Prepared {
     /// Serves gRPC and HTTP on `listeners` until `shutdown` resolves, then drains: health
     /// NOT_SERVING, stop accepting, let in-flight requests finish within the grace period.
     pub async fn serve(
-        self,
+        mut self,
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), AppError> {
-        // Connections and scripts first (bounded: an unreachable store must not stop the
-        // service from starting; it then serves by its failure policy).
+        self.warm_up().await;
+        let mut running = self.start(listeners).await?;
+        tokio::select! {
+            _ = shutdown => {}
+            result = &mut running.grpc => return Err(AppError::Serve(format!("gRPC server stopped: {result:?}"))),
+            result = &mut running.http => return Err(AppError::Serve(format!("HTTP server stopped: {result:?}"))),
+        }
+        let hurry = self
+            .hurry
+            .take()
+            .unwrap_or_else(|| Box::pin(std::future::pending()));
+        running.shut_down(&self.settings, hurry).await;
+        Ok(())
+    }
+
+    /// Connections and scripts first, within [`WARM_UP_LIMIT`]: an unreachable store must
+    /// not stop the service from starting; it then serves by its failure policy. (`&mut`:
+    /// `hurry` is `Send` but not `Sync`, so `&self` could not be held across an await.)
+    async fn warm_up(&mut self) {
         if tokio::time::timeout(WARM_UP_LIMIT, self.limiter.store().warm_up())
             .await
             .is_err()
         {
             tracing::warn!(limit = ?WARM_UP_LIMIT, "store not ready at startup; serving by failure_mode until it is");
         }
+    }
+
+    /// Starts the servers, the reloader and the health reports on `listeners`.
+    async fn start(&mut self, listeners: Listeners) -> Result<Running, AppError> {
         let health = Arc::new(Health::default());
         health.require_config(self.settings.require_config);
         health.set_config_loaded(self.limiter.policy().domain_count() > 0);
-        // Tells servers to stop accepting and drain.
-        let drain = tokio_util::sync::CancellationToken::new();
+        let drain = CancellationToken::new();
         let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
             .with_metrics(self.metrics.rls());
-
-        let grpc_addr = listeners
-            .grpc
-            .local_addr()
-            .map_err(|e| AppError::Serve(e.to_string()))?;
+        let local = |l: &TcpListener| l.local_addr().map_err(|e| AppError::Serve(e.to_string()));
+        let (grpc_addr, http_addr) = (local(&listeners.grpc)?, local(&listeners.http)?);
         let (reporter, grpc) = self.grpc_server(listeners.grpc, rls.clone(), &drain)?;
-
-        let http_addr = listeners
-            .http
-            .local_addr()
-            .map_err(|e| AppError::Serve(e.to_string()))?;
         let router = admin::router(AdminState {
             rls,
             limiter: self.limiter.clone(),
@@ -267,63 +281,36 @@ impl Prepared {
             config: self.config.clone(),
             metrics: self.metrics.clone(),
         });
-        let admin_limits = self.settings.admin_connections;
         let http = admin::serve(
             listeners.http,
             router,
-            admin_limits,
+            self.settings.admin_connections,
             drain.clone().cancelled_owned(),
         );
-
         let reloading = tokio::spawn(self.reloader().run(drain.clone().cancelled_owned()));
         if let Some(listener) = listeners.metrics {
             self.spawn_prometheus(listener, &drain);
         }
-        let mut grpc = tokio::spawn(grpc);
-        let mut http = tokio::spawn(http);
-        health.set_serving(true);
-        report_health(&reporter, &health).await;
+        let running = Running {
+            grpc: tokio::spawn(grpc),
+            http: tokio::spawn(http),
+            reloading,
+            health,
+            reporter,
+            drain,
+        };
+        running.health.set_serving(true);
+        report_health(&running.reporter, &running.health).await;
         if self.settings.require_config {
             tokio::spawn(follow_config(
-                reporter.clone(),
-                health.clone(),
+                running.reporter.clone(),
+                running.health.clone(),
                 self.limiter.clone(),
-                drain.clone().cancelled_owned(),
+                running.drain.clone().cancelled_owned(),
             ));
         }
         tracing::info!(grpc = %grpc_addr, http = %http_addr, "serving");
-
-        tokio::select! {
-            _ = shutdown => {}
-            result = &mut grpc => return Err(AppError::Serve(format!("gRPC server stopped: {result:?}"))),
-            result = &mut http => return Err(AppError::Serve(format!("HTTP server stopped: {result:?}"))),
-        }
-
-        // 1. Tell health checks at once, 2. keep serving while load balancers notice,
-        // 3. stop accepting and let in-flight requests finish within the grace period.
-        tracing::info!(delay = ?self.settings.shutdown_delay, "shutting down: health checks now report not serving");
-        health.set_serving(false);
-        report_health(&reporter, &health).await;
-        let hurry = self
-            .hurry
-            .unwrap_or_else(|| Box::pin(std::future::pending()));
-        tokio::select! {
-            _ = tokio::time::sleep(self.settings.shutdown_delay) => {}
-            _ = hurry => {}
-        }
-        tracing::info!(grace = ?self.settings.shutdown_grace, "draining: no new connections");
-        drain.cancel();
-        let drained = tokio::time::timeout(self.settings.shutdown_grace, async {
-            let _ = grpc.await;
-            let _ = http.await;
-        })
-        .await;
-        let _ = reloading.await;
-        match drained {
-            Ok(()) => tracing::info!("drained; exiting"),
-            Err(_) => tracing::warn!("grace period over with requests still in flight; exiting"),
-        }
-        Ok(())
+        Ok(running)
     }
 
     /// The gRPC server: health and the rate limit service behind the client-fault and
@@ -333,7 +320,7 @@ impl Prepared {
         &self,
         listener: TcpListener,
         rls: RlsService,
-        drain: &tokio_util::sync::CancellationToken,
+        drain: &CancellationToken,
     ) -> Result<(tonic_health::server::HealthReporter, ServerFuture), AppError> {
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let server = tonic::transport::Server::builder()
@@ -388,7 +375,7 @@ impl Prepared {
     }
 
     /// Serves the metrics alone on `listener` (`USE_PROMETHEUS`), until `drain`.
-    fn spawn_prometheus(&self, listener: TcpListener, drain: &tokio_util::sync::CancellationToken) {
+    fn spawn_prometheus(&self, listener: TcpListener, drain: &CancellationToken) {
         let Some(prometheus) = &self.settings.prometheus else {
             return;
         };
@@ -411,6 +398,45 @@ impl Prepared {
 }
 
 /// A server running until it is told to stop.
+/// The servers and tasks of a started service.
+struct Running {
+    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    http: JoinHandle<()>,
+    reloading: JoinHandle<()>,
+    health: Arc<Health>,
+    reporter: tonic_health::server::HealthReporter,
+    /// Tells servers to stop accepting and drain.
+    drain: CancellationToken,
+}
+
+impl Running {
+    /// Tells health checks at once; keeps serving for the shutdown delay (cut short by
+    /// `hurry`) while load balancers notice; then stops accepting and lets in-flight requests
+    /// finish within the grace period.
+    async fn shut_down(self, settings: &Settings, hurry: impl Future<Output = ()>) {
+        tracing::info!(delay = ?settings.shutdown_delay, "shutting down: health checks now report not serving");
+        self.health.set_serving(false);
+        report_health(&self.reporter, &self.health).await;
+        tokio::select! {
+            _ = tokio::time::sleep(settings.shutdown_delay) => {}
+            _ = hurry => {}
+        }
+        tracing::info!(grace = ?settings.shutdown_grace, "draining: no new connections");
+        self.drain.cancel();
+        let (grpc, http) = (self.grpc, self.http);
+        let drained = tokio::time::timeout(settings.shutdown_grace, async {
+            let _ = grpc.await;
+            let _ = http.await;
+        })
+        .await;
+        let _ = self.reloading.await;
+        match drained {
+            Ok(()) => tracing::info!("drained; exiting"),
+            Err(_) => tracing::warn!("grace period over with requests still in flight; exiting"),
+        }
+    }
+}
+
 type ServerFuture = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
 
 /// Sets the gRPC health of `""`, `ratelimit` (the name the reference service registers, which

@@ -241,7 +241,11 @@ descriptors:
         .await,
         "m.route_draw.http_method_.subject_id_1"
     );
-    // TestValueToMetric_MidLevelOnly
+}
+
+/// `TestValueToMetric_MidLevelOnly`: only the level with the flag names its value.
+#[tokio::test]
+async fn value_to_metric_on_a_middle_level_names_that_level_only() {
     let mid = "domain: m
 descriptors:
   - key: k1
@@ -256,8 +260,12 @@ descriptors:
         series_name(mid, &[("k1", "X"), ("k2", "Y"), ("k3", "Z")]).await,
         "m.k1.k2_Y.k3"
     );
-    // TestValueToMetric_WithWildcard: a wildcard level names the runtime value; TestValueToMetric_WithConfiguredValues:
-    // an exact level its value.
+}
+
+/// `TestValueToMetric_WithWildcard`: a wildcard level names the runtime value;
+/// `TestValueToMetric_WithConfiguredValues`: an exact level its value.
+#[tokio::test]
+async fn value_to_metric_names_wildcard_and_exact_levels_by_their_values() {
     let wildcard = "domain: m
 descriptors:
   - key: user
