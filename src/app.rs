@@ -1,3 +1,5 @@
+// Why one long file: the whole bootstrap and the ordered shutdown, read top to bottom in the order
+// they run.
 //! Bootstrap: settings → config → store → limiter → servers, and the ordered shutdown.
 //!
 //! Everything that can be wrong with the settings or the config is found by [`prepare`],

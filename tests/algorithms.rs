@@ -1,3 +1,4 @@
+// Why one long file: one table of worked cases shared by the pure functions, memory and Redis.
 //! One table of worked cases (DESIGN §4 and the pattern's literature) that the pure
 //! functions, the memory store and the Redis store all pass, with the same pinned clock.
 

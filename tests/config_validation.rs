@@ -1,3 +1,4 @@
+// Why one long file: one fixture per validation rule, and the table of expected messages.
 //! Config validation, one fixture per rule (`tests/fixtures/config/invalid/*.yaml`): each
 //! error names its file, its tree path, the parser's line:column when there is one, and uses
 //! the reference service's wording. Also the directory loader (what it skips, duplicate

@@ -1,3 +1,5 @@
+// Why one long file: the shipped deployment exercised end to end; each test needs the same Envoy
+// and Sluice pair.
 //! `deploy/envoy/envoy.yaml` and `deploy/envoy/sluice-config/`, run as shipped (ports and
 //! addresses replaced) with a real Envoy in front of a slow upstream: priority load shedding
 //! keeps capacity for critical routes, the fifth concurrent request is refused and admitted

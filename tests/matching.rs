@@ -1,3 +1,4 @@
+// Why one long file: one table of matching cases; a table reads best whole.
 //! Descriptor matching, as a table in the spirit of the reference service's config tests:
 //! descriptor entries → the rule found (named by its stats key) or none. The configs are
 //! our own, written inline: a `basic` domain shaped like the reference's basic config, a

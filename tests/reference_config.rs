@@ -1,3 +1,5 @@
+// Why one long file: a port of one reference file, case for case, so that a reader can compare
+// them side by side.
 //! Port of envoyproxy/ratelimit's `test/config/config_test.go`, black-box: what the reference
 //! asserts about `GetLimit` (which rule a descriptor matches, its limit and its stats key) is
 //! observed here through a `ShouldRateLimit` answer (`current_limit`, `limit_remaining`,

@@ -1,3 +1,5 @@
+// Why one long file: a port of one reference file, case for case, so that a reader can compare
+// them side by side.
 //! Port of envoyproxy/ratelimit's `test/integration/integration_test.go`: a whole server
 //! (here in process, on 127.0.0.1:0) over the reference's integration configs
 //! (`test/integration/runtime/current/ratelimit/`), driven over gRPC, its statistics read

@@ -1,3 +1,5 @@
+// Why one long file: a port of two reference files, case for case, so that a reader can compare
+// them side by side.
 //! Port of envoyproxy/ratelimit's `test/redis/fixed_cache_impl_test.go` and
 //! `test/limiter/base_limiter_test.go`, black-box. The reference feeds its fixed-window
 //! cache canned Redis answers ("the counter is now 13"); here real requests bring a real

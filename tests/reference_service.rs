@@ -1,3 +1,5 @@
+// Why one long file: a port of one reference file, case for case, so that a reader can compare
+// them side by side.
 //! Port of envoyproxy/ratelimit's `test/service/ratelimit_test.go`, black-box. The reference
 //! drives its service with a mocked config and a mocked cache that returns canned statuses;
 //! here a real config says what each descriptor's limit is, and real requests bring each

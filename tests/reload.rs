@@ -1,3 +1,5 @@
+// Why one long file: reload and shutdown as one operator workflow, sharing the directory and
+// server helpers.
 //! Hot reload and shutdown as operators use them: files changed in the watched directory
 //! (plain copies, broken files, ConfigMap-style symlink swaps), SIGHUP, and SIGTERM under
 //! load.

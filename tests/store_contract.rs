@@ -1,3 +1,4 @@
+// Why one long file: one contract, run against every store; split, the stores could drift apart.
 //! One contract for every store: the memory store, Redis, and a three-master Redis Cluster
 //! answer the same batches the same way (DESIGN §3–§5). Redis cases run against real
 //! redis-server processes started by the tests.

@@ -1,3 +1,5 @@
+// Why one long file: one state machine over YAML's token rules: its states and transitions are
+// checked against each other, so they stay together.
 //! A linear pre-scan that finds where a YAML text nests deeper than a bound, before the
 //! parser sees it.
 //!

@@ -1,3 +1,5 @@
+// Why one long file: the request path's stages (plan, batch, apply, respond, observe) in the order
+// a request takes them.
 //! One rate limit request, end to end: match each descriptor to a rule, apply `replaces`,
 //! send every counter to the store in one batch, and build the statuses and overall code.
 

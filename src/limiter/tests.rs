@@ -1,3 +1,5 @@
+// Why one long file: DESIGN §3's request semantics, one test each, sharing the manual clock and
+// request builders.
 //! Request semantics of DESIGN §3, against the memory store and a manual clock.
 
 use super::*;

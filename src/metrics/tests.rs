@@ -1,3 +1,5 @@
+// Why one long file: the reference's stats cases, one per test, sharing the request and exposition
+// helpers at the top.
 //! Metrics counted from real limiter traffic.
 
 use std::sync::Arc;

@@ -1,3 +1,5 @@
+// Why one long file: sharding, expiry, the byte bound and eviction share one lock discipline, kept
+// in view together.
 //! The in-memory store: the embedded default, correct for ONE instance only (several
 //! instances with private memory admit the limit once each).
 //!

@@ -1,3 +1,5 @@
+// Why one long file: the deadline, breaker, probe and failure modes are one policy whose states
+// change each other.
 //! The failure policy around a shared store: a deadline on every call, a circuit breaker so
 //! an outage costs no waiting, and per-rule `failure_mode` answers while the store fails:
 //! `allow` (fail open), `deny` (fail closed) or `local` (count in this instance's memory

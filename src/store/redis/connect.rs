@@ -1,3 +1,5 @@
+// Why one long file: single node, Cluster and Sentinel share connecting, TLS and reconnecting;
+// split, each file would repeat them.
 //! Connections to Redis: a single node (TCP, TLS or unix socket), a Cluster, or the master
 //! named by Sentinel. Connections are multiplexed and pipelined (every request shares a few
 //! of them), made lazily, and remade after failures, so Sluice starts and serves by its

@@ -1,3 +1,5 @@
+// Why one long file: the single-node and Cluster paths share the script's argument encoder and
+// reply decoder, kept beside both.
 //! The Redis store: one limit for the whole fleet.
 //!
 //! Every request's counters go to Redis in one Lua script call (`lua/*.lua`) that reads
