@@ -124,6 +124,13 @@ pub struct Prepared {
 
 /// Loads and validates the config and builds the store and limiter; binds nothing.
 pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
+    prepare_with_clock(settings, Arc::new(SystemClock))
+}
+
+/// [`prepare`] with the wall clock of the stores in process (the memory store, the failure
+/// policy's local counters, the over-limit cache) given: tests move a manual clock instead of
+/// sleeping. Redis keeps its own time.
+pub fn prepare_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> Result<Prepared, AppError> {
     let options = LoadOptions {
         merge_domains: settings.merge_domains,
     };
@@ -133,7 +140,7 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
     ));
     let loaded = config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
     metrics.config.loaded(true);
-    let store = build_store(&settings)?;
+    let store = build_store(&settings, clock)?;
     tracing::info!(
         directory = %settings.config_dir.display(),
         files = loaded.files.len(),
@@ -161,7 +168,7 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
 
 /// The store stack `settings` ask for: the memory store, or Redis behind its failure policy
 /// (two with `REDIS_PERSECOND`), behind the over-limit cache when it is on.
-fn build_store(settings: &Settings) -> Result<Arc<dyn Store>, AppError> {
+fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, AppError> {
     Ok(match settings.backend {
         Backend::Memory => {
             if settings.kubernetes {
@@ -169,14 +176,13 @@ fn build_store(settings: &Settings) -> Result<Arc<dyn Store>, AppError> {
                     "memory store under Kubernetes: each replica counts on its own, so N replicas admit up to N times every limit; use a shared store for fleet-wide limits"
                 );
             }
-            Arc::new(MemoryStore::new(settings.memory, Arc::new(SystemClock)))
+            Arc::new(MemoryStore::new(settings.memory, clock))
         }
         Backend::Redis => {
             let options = settings
                 .redis
                 .as_ref()
                 .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
-            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             // Each Redis behind its own failure policy: one failing leaves the other exact.
             let resilient = |options: &RedisOptions| -> Result<Arc<Resilient>, AppError> {
                 // A script call may outlive its requests' deadline: its answers still count

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::redis::{RedisSentinel, RedisServer, command_calls};
-use common::{TestServer, config_dir, descriptor, request, should_rate_limit};
+use common::{TestServer, config_dir, descriptor, eventually_blocking, request, should_rate_limit};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
@@ -253,14 +253,11 @@ async fn after_a_sentinel_failover_counting_moves_to_the_promoted_replica() {
     let mut master = RedisServer::start();
     let replica = RedisServer::replica_of(&master);
     let sentinel = RedisSentinel::start(&master, "failover");
-    common::redis::wait_for(
-        || {
-            sentinel
-                .command(&["SENTINEL", "replicas", "failover"])
-                .contains(&replica.port.to_string())
-        },
-        "sentinel to know the replica",
-    );
+    eventually_blocking("sentinel to know the replica", || {
+        sentinel
+            .command(&["SENTINEL", "replicas", "failover"])
+            .contains(&replica.port.to_string())
+    });
     let server = server(
         format!("failover,{}", sentinel.addr()),
         RedisKind::Sentinel,

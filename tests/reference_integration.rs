@@ -15,10 +15,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisSentinel, RedisServer, command_calls, free_port};
+use common::redis::{RedisCluster, RedisSentinel, RedisServer, TlsRedisServer, command_calls};
 use common::reference::{
     RuleStats, answer, counter, no_limit, req, rule_stats, status, wait_for_counter, write_config,
 };
@@ -123,60 +122,6 @@ fn on_redis(options: RedisOptions, local_cache: bool) -> Settings {
 
 fn single(redis: &RedisServer) -> RedisOptions {
     RedisOptions::new(redis.url(), RedisKind::Single)
-}
-
-/// A redis-server with only a TLS port, requiring a password and a client certificate
-/// signed by the CA in `dir` (`common::certs`); killed on drop.
-struct TlsRedis {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl TlsRedis {
-    fn start(dir: &Path, password: &str) -> Self {
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .current_dir(dir)
-            .args(["--port", "0", "--tls-port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args([
-                "--tls-cert-file",
-                "server.crt",
-                "--tls-key-file",
-                "server.key",
-            ])
-            .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "yes"])
-            .args(["--requirepass", password])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server not found: run ./scripts/test, which installs it");
-        let redis = Self { child, port };
-        let started = Instant::now();
-        loop {
-            let ping = Command::new("redis-cli")
-                .current_dir(dir)
-                .args(["--tls", "--cacert", "ca.crt", "--cert", "client.crt"])
-                .args(["--key", "client.key", "-p", &port.to_string()])
-                .args(["-a", password, "--no-auth-warning", "PING"])
-                .output()
-                .unwrap();
-            if String::from_utf8_lossy(&ping.stdout).trim() == "PONG" {
-                return redis;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "TLS redis never answered"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for TlsRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // === TestBasicConfig ===
@@ -413,16 +358,8 @@ async fn basic_config_on_redis_with_auth() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_config_on_redis_over_tls_with_a_client_certificate() {
     let certs = shared_certs();
-    let redis = TlsRedis::start(certs, "password123");
-    let options = RedisOptions {
-        tls: true,
-        tls_ca: Some(certs.join("ca.crt")),
-        tls_cert: Some(certs.join("client.crt")),
-        tls_key: Some(certs.join("client.key")),
-        auth: Some("password123".into()),
-        ..RedisOptions::new(format!("127.0.0.1:{}", redis.port), RedisKind::Single)
-    };
-    basic_config(on_redis(options, false)).await;
+    let redis = TlsRedisServer::start_in(certs, Some("password123"));
+    basic_config(on_redis(redis.options(), false)).await;
 }
 
 /// integration_test.go:195 TestBasicAuthConfigWithRedisSentinel: the master found through a

@@ -8,7 +8,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer, command_calls, wait_for};
+use common::eventually_blocking;
+use common::redis::{RedisCluster, RedisServer, command_calls};
 use sluice::algorithm::{Algorithm, Limit, SECOND};
 use sluice::clock::SystemClock;
 use sluice::store::memory::MemoryOptions;
@@ -434,9 +435,9 @@ async fn redis_cluster_sends_the_calls_of_one_request_together() {
     });
     // The last node gets its call while the first cannot answer (this blocks one of the two
     // runtime threads; the request runs on the other).
-    wait_for(
-        || command_calls(&cluster.nodes[2], "evalsha") > before,
+    eventually_blocking(
         "the last node's call while the first node is paused",
+        || command_calls(&cluster.nodes[2], "evalsha") > before,
     );
     cluster.nodes[0].resume();
     assert!(request.await.unwrap().admitted);

@@ -6,16 +6,20 @@ pub mod envoy;
 pub mod redis;
 pub mod reference;
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry,
 };
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice::app::{self, Listeners};
+use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::settings::Settings;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -59,26 +63,40 @@ impl TestServer {
         Self::start_with(settings).await
     }
 
+    /// Starts a server over one config file holding `yaml`.
+    pub async fn with_config(yaml: &str) -> Self {
+        Self::start(&[("config.yaml", yaml)]).await
+    }
+
+    /// Starts a server over one config file holding `yaml`, whose in-process counters follow
+    /// a manual clock (returned) instead of the wall clock: tests move it rather than sleep.
+    pub async fn with_config_and_clock(yaml: &str) -> (Self, Arc<ManualClock>) {
+        let settings = Settings::for_tests(config_dir("server", &[("config.yaml", yaml)]));
+        let clock = Arc::new(ManualClock::new(SystemClock.now()));
+        let server = Self::spawn(settings, clock.clone()).await;
+        server.wait_ready().await;
+        (server, clock)
+    }
+
     /// Starts a server with `settings` (its addresses are ignored: port 0 on loopback).
     pub async fn start_with(settings: Settings) -> Self {
-        let server = Self::spawn(settings).await;
+        let server = Self::spawn(settings, Arc::new(SystemClock)).await;
         server.wait_ready().await;
         server
     }
 
     /// Starts a server and waits only until its admin port answers (ready or not).
     pub async fn start_unready(settings: Settings) -> Self {
-        let server = Self::spawn(settings).await;
-        for _ in 0..500 {
-            if http_get(server.http_addr, "/healthcheck").await.is_ok() {
-                return server;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("server never answered");
+        let server = Self::spawn(settings, Arc::new(SystemClock)).await;
+        let addr = server.http_addr;
+        eventually("the admin port answers", || async move {
+            http_get(addr, "/healthcheck").await.is_ok()
+        })
+        .await;
+        server
     }
 
-    async fn spawn(settings: Settings) -> Self {
+    async fn spawn(settings: Settings, clock: Arc<dyn Clock>) -> Self {
         let listeners = Listeners {
             grpc: TcpListener::bind("127.0.0.1:0").await.unwrap(),
             http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
@@ -86,7 +104,7 @@ impl TestServer {
         };
         let grpc_addr = listeners.grpc.local_addr().unwrap();
         let http_addr = listeners.http.local_addr().unwrap();
-        let prepared = app::prepare(settings).expect("valid test config");
+        let prepared = app::prepare_with_clock(settings, clock).expect("valid test config");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(prepared.serve(listeners, async {
             let _ = stopped.await;
@@ -100,13 +118,22 @@ impl TestServer {
     }
 
     async fn wait_ready(&self) {
-        for _ in 0..500 {
-            if let Ok((200, _)) = http_get(self.http_addr, "/ready").await {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let addr = self.http_addr;
+        eventually("the server is ready", || async move {
+            matches!(http_get(addr, "/ready").await, Ok((200, _)))
+        })
+        .await;
+    }
+
+    /// A client for the rate limits of `domain` (connects on first use).
+    pub fn domain(&self, domain: &str) -> DomainClient {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc_addr))
+            .unwrap()
+            .connect_lazy();
+        DomainClient {
+            client: RateLimitServiceClient::new(channel),
+            domain: domain.into(),
         }
-        panic!("server never became ready");
     }
 
     /// A gRPC client.
@@ -128,6 +155,127 @@ impl Drop for TestServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// A `ShouldRateLimit` client bound to one domain, whose requests are written as text:
+/// `"k=v"` is one descriptor of one entry, `"k=v,k2=v2"` one of two entries, and
+/// `"a=1 | b=2"` two descriptors.
+#[derive(Clone)]
+pub struct DomainClient {
+    client: RateLimitServiceClient<Channel>,
+    domain: String,
+}
+
+impl DomainClient {
+    /// One hit on the descriptors `spec` names; panics on a gRPC error.
+    pub async fn hit(&self, spec: &str) -> Decision {
+        self.hits(spec, 1).await
+    }
+
+    /// `hits` hits (the request's `hits_addend`) on the descriptors `spec` names.
+    pub async fn hits(&self, spec: &str, hits: u32) -> Decision {
+        self.try_hits(spec, hits)
+            .await
+            .unwrap_or_else(|status| panic!("{spec}: {status}"))
+    }
+
+    /// `hits` hits, or the gRPC error.
+    pub async fn try_hits(&self, spec: &str, hits: u32) -> Result<Decision, tonic::Status> {
+        let request = RateLimitRequest {
+            hits_addend: hits,
+            ..self.request(spec)
+        };
+        self.send(request).await.map(Decision)
+    }
+
+    /// The request of one hit `spec` names, for tests that change it before sending.
+    pub fn request(&self, spec: &str) -> RateLimitRequest {
+        request(&self.domain, descriptors(spec))
+    }
+
+    /// Sends `request` as it is.
+    pub async fn send(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        let mut client = self.client.clone();
+        client
+            .should_rate_limit(request)
+            .await
+            .map(|r| r.into_inner())
+    }
+}
+
+/// The descriptors of a [`DomainClient`] spec.
+pub fn descriptors(spec: &str) -> Vec<RateLimitDescriptor> {
+    spec.split('|')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| {
+            let entries: Vec<(&str, &str)> = d
+                .split(',')
+                .map(|entry| entry.trim().split_once('=').unwrap_or((entry.trim(), "")))
+                .collect();
+            descriptor(&entries)
+        })
+        .collect()
+}
+
+/// What the service answered.
+#[derive(Debug, Clone)]
+pub struct Decision(pub RateLimitResponse);
+
+impl Decision {
+    /// The overall code.
+    pub fn code(&self) -> Code {
+        self.0.overall_code()
+    }
+
+    /// Whether the request may pass.
+    pub fn is_ok(&self) -> bool {
+        self.code() == Code::Ok
+    }
+
+    /// Whether the request is refused.
+    pub fn is_over_limit(&self) -> bool {
+        self.code() == Code::OverLimit
+    }
+
+    /// The code of each descriptor.
+    pub fn codes(&self) -> Vec<Code> {
+        self.0.statuses.iter().map(|s| s.code()).collect()
+    }
+
+    /// The remaining budget of each descriptor.
+    pub fn remaining(&self) -> Vec<u32> {
+        self.0.statuses.iter().map(|s| s.limit_remaining).collect()
+    }
+}
+
+impl std::ops::Deref for Decision {
+    type Target = RateLimitResponse;
+
+    fn deref(&self) -> &RateLimitResponse {
+        &self.0
+    }
+}
+
+/// Polls until `ready` holds, for at most twenty seconds, then fails naming `what`.
+pub async fn eventually<F: Future<Output = bool>>(what: &str, mut ready: impl FnMut() -> F) {
+    let started = Instant::now();
+    while !ready().await {
+        assert!(started.elapsed() < Duration::from_secs(20), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// [`eventually`] on a plain thread, for conditions that block (a process, a socket).
+pub fn eventually_blocking(what: &str, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < Duration::from_secs(20), "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -2,11 +2,13 @@
 //! Cluster made with `redis-cli --cluster create`. `scripts/test` installs redis-server.
 #![allow(dead_code)]
 
+use super::eventually_blocking;
+use sluice::store::redis::{RedisKind, RedisOptions};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
@@ -35,13 +37,10 @@ impl RedisServer {
     pub fn replica_of(master: &RedisServer) -> Self {
         let port = master.port.to_string();
         let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
-        wait_for(
-            || {
-                command(replica.port, &["INFO", "replication"])
-                    .is_ok_and(|r| r.contains("master_link_status:up"))
-            },
-            "replica to sync with its master",
-        );
+        eventually_blocking("replica to sync with its master", || {
+            command(replica.port, &["INFO", "replication"])
+                .is_ok_and(|r| r.contains("master_link_status:up"))
+        });
         replica
     }
 
@@ -70,13 +69,9 @@ impl RedisServer {
             .spawn()
             .expect("redis-server not found: run ./scripts/test, which installs it");
         self.child = Some(child);
-        wait_for(
-            || {
-                command(self.port, &["PING"])
-                    .is_ok_and(|r| r == "+PONG" || r.starts_with("-NOAUTH"))
-            },
-            "redis PING",
-        );
+        eventually_blocking("redis PING", || {
+            command(self.port, &["PING"]).is_ok_and(|r| r == "+PONG" || r.starts_with("-NOAUTH"))
+        });
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -170,13 +165,10 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout)
         );
         for node in &nodes {
-            wait_for(
-                || {
-                    command(node.port, &["CLUSTER", "INFO"])
-                        .is_ok_and(|r| r.contains("cluster_state:ok"))
-                },
-                "cluster_state:ok",
-            );
+            eventually_blocking("cluster_state:ok", || {
+                command(node.port, &["CLUSTER", "INFO"])
+                    .is_ok_and(|r| r.contains("cluster_state:ok"))
+            });
         }
         Self { nodes }
     }
@@ -189,17 +181,6 @@ impl RedisCluster {
             .collect::<Vec<_>>()
             .join(",")
     }
-}
-
-pub fn wait_for(mut ready: impl FnMut() -> bool, what: &str) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if ready() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// Sends a command in RESP and reads what arrives within a short time.
@@ -249,13 +230,10 @@ impl RedisSentinel {
             dir,
             extra: Vec::new(),
         };
-        wait_for(
-            || {
-                command(port, &["SENTINEL", "get-master-addr-by-name", name])
-                    .is_ok_and(|r| r.contains(&master.port.to_string()))
-            },
-            "sentinel to know the master",
-        );
+        eventually_blocking("sentinel to know the master", || {
+            command(port, &["SENTINEL", "get-master-addr-by-name", name])
+                .is_ok_and(|r| r.contains(&master.port.to_string()))
+        });
         Self { server }
     }
 
@@ -279,4 +257,99 @@ pub fn command_calls(server: &RedisServer, name: &str) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// A redis-server that speaks only TLS (its plain port closed) and requires a client
+/// certificate from a private CA ([`super::certs::make`]), and a password if given; killed on
+/// drop.
+pub struct TlsRedisServer {
+    child: Child,
+    pub port: u16,
+    /// Holds `ca.crt`, `server.{crt,key}` and `client.{crt,key}`.
+    pub certs: PathBuf,
+    password: Option<String>,
+    /// Whether the certificates are this server's own (removed on drop).
+    own_certs: bool,
+}
+
+impl TlsRedisServer {
+    /// Makes certificates for it, starts it and waits until it answers PING over TLS.
+    pub fn start() -> Self {
+        let certs = super::temp_dir("tls-redis");
+        super::certs::make(&certs);
+        let mut server = Self::start_in(&certs, None);
+        server.own_certs = true;
+        server
+    }
+
+    /// Starts one with the certificates in `certs`, requiring `password` if given.
+    pub fn start_in(certs: &std::path::Path, password: Option<&str>) -> Self {
+        let port = free_port();
+        let mut command = Command::new("redis-server");
+        command
+            .current_dir(certs)
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--tls-cert-file",
+                "server.crt",
+                "--tls-key-file",
+                "server.key",
+            ])
+            .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "yes"]);
+        if let Some(password) = password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server not found: run ./scripts/test, which installs it");
+        let server = Self {
+            child,
+            port,
+            certs: certs.to_owned(),
+            password: password.map(str::to_owned),
+            own_certs: false,
+        };
+        eventually_blocking("TLS redis PING", || server.cli(&["PING"]) == "PONG");
+        server
+    }
+
+    /// `redis-cli` over TLS with the client certificate (and password): its trimmed output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let mut command = Command::new("redis-cli");
+        command
+            .current_dir(&self.certs)
+            .args(["--tls", "--cacert", "ca.crt", "--cert", "client.crt"])
+            .args(["--key", "client.key", "-p", &self.port.to_string()]);
+        if let Some(password) = &self.password {
+            command.args(["-a", password, "--no-auth-warning"]);
+        }
+        let out = command.args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Client options that trust the CA and present the client certificate (and password).
+    pub fn options(&self) -> RedisOptions {
+        RedisOptions {
+            tls: true,
+            tls_ca: Some(self.certs.join("ca.crt")),
+            tls_cert: Some(self.certs.join("client.crt")),
+            tls_key: Some(self.certs.join("client.key")),
+            auth: self.password.clone(),
+            connections: 1,
+            connect_timeout: Duration::from_secs(5),
+            ..RedisOptions::new(format!("127.0.0.1:{}", self.port), RedisKind::Single)
+        }
+    }
+}
+
+impl Drop for TlsRedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if self.own_certs {
+            let _ = std::fs::remove_dir_all(&self.certs);
+        }
+    }
 }

@@ -286,20 +286,14 @@ pub async fn counter(server: &TestServer, series: &str) -> u64 {
     super::metric(&metrics(server).await, series).unwrap_or(0)
 }
 
-/// Polls `/metrics` until `series` is at least `at_least` (a reload's readiness signal).
+/// Waits until `series` on `/metrics` is at least `at_least` (a reload's readiness signal).
 pub async fn wait_for_counter(server: &TestServer, series: &str, at_least: u64) -> u64 {
-    let started = Instant::now();
-    loop {
-        let now = counter(server, series).await;
-        if now >= at_least {
-            return now;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{series} stayed at {now}, below {at_least}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{series} reaches {at_least}");
+    eventually(&what, || async {
+        counter(server, series).await >= at_least
+    })
+    .await;
+    counter(server, series).await
 }
 
 /// Writes `text` to `dir/name` atomically (beside, then renamed), as config tools do.
@@ -333,17 +327,7 @@ pub async fn grpc_health(
     ServingStatus::try_from(status).unwrap_or(ServingStatus::Unknown)
 }
 
-/// Polls until `ready` holds, for at most ten seconds.
-pub async fn eventually<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut ready: impl FnMut() -> F,
-) {
-    let started = Instant::now();
-    while !ready().await {
-        assert!(started.elapsed() < Duration::from_secs(10), "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use super::eventually;
 
 /// One test per case and store: `on_each_store!([memory, redis] [case_a, case_b]);` makes
 /// `memory::case_a`, `redis::case_a`, ..., each calling `case(&Store::<store>())`. The stores are
