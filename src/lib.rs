@@ -91,10 +91,7 @@ mod tests {
         let mut files: Vec<String> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter_map(|f| match f.strip_suffix(".rs") {
-                Some(module) => Some(module.to_owned()),
-                None => Some(f),
-            })
+            .map(|f| f.strip_suffix(".rs").map_or(f.clone(), str::to_owned))
             .filter(|m| m != "lib" && m != "main")
             .collect();
         files.sort();
