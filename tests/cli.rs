@@ -203,40 +203,28 @@ async fn a_second_signal_skips_the_shutdown_delay() {
         .connect()
         .await
         .unwrap();
-    let mut health = HealthClient::new(channel);
+    let health = HealthClient::new(channel);
     served.terminate();
     // The first signal starts the ten-minute delay: health checks fail, the process stays.
-    let mut not_serving = false;
-    for _ in 0..500 {
-        let status = health
-            .check(HealthCheckRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .status;
-        if status == ServingStatus::NotServing as i32 {
-            not_serving = true;
-            break;
+    common::eventually("health reports NOT_SERVING", || {
+        let mut health = health.clone();
+        async move {
+            let answer = health.check(HealthCheckRequest::default()).await.unwrap();
+            answer.into_inner().status == ServingStatus::NotServing as i32
         }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert!(not_serving, "health never reported NOT_SERVING");
+    })
+    .await;
     assert!(served.child.try_wait().unwrap().is_none());
     drop(health);
 
     served.terminate();
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = served.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "the second signal did not cut the delay short"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
-    assert_eq!(status.code(), Some(0));
+    let mut status = None;
+    common::eventually("the second signal cuts the delay short", || {
+        status = served.child.try_wait().unwrap();
+        std::future::ready(status.is_some())
+    })
+    .await;
+    assert_eq!(status.unwrap().code(), Some(0));
 }
 
 #[test]

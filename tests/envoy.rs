@@ -211,15 +211,10 @@ async fn envoy_releases_concurrency_slots_when_streams_end() {
         let (status, head, _) = envoy::get(envoy.front, "/inflight", &[("x-tenant", "acme")]).await;
         assert_eq!(status, 200, "{head}");
         // The release is sent after the response; wait for it to land.
-        let mut released = false;
-        for _ in 0..200 {
-            if free_slots(&sluice, "acme").await == 1 {
-                released = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(released, "the slot was never released");
+        common::eventually("the slot is released", || async {
+            free_slots(&sluice, "acme").await == 1
+        })
+        .await;
     }
 }
 

@@ -159,13 +159,8 @@ async fn critical_slots(stack: &Stack) -> u64 {
 /// Waits until the shared counter has exactly `free` slots (the readiness signal of
 /// requests in flight or releases that landed).
 async fn until_free(stack: &Stack, free: u64) {
-    for _ in 0..500 {
-        if critical_slots(stack).await == free {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the in-flight counter never showed {free} free slots");
+    let what = format!("the in-flight counter shows {free} free slots");
+    common::eventually(&what, || async { critical_slots(stack).await == free }).await;
 }
 
 fn slow(stack: &Stack, path: &'static str, delay_ms: u64) -> tokio::task::JoinHandle<u16> {

@@ -148,22 +148,11 @@ async fn sentinel_leads_to_the_master() {
     let mut client = server.client().await;
     // A loaded machine may let the first connection through the Sentinel take a moment
     // (answered by the failure policy meanwhile): wait until one request is counted.
-    let started = std::time::Instant::now();
-    loop {
-        let r = should_rate_limit(
-            &mut client,
-            request("calls", vec![descriptor(&[("k", "first")])]),
-        )
-        .await;
-        if r.statuses[0].limit_remaining < 3 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never counted through the Sentinel"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let calls = server.domain("calls");
+    common::eventually("a request is counted through the Sentinel", || async {
+        calls.hit("k=first").await.remaining()[0] < 3
+    })
+    .await;
     let remaining: Vec<u32> = {
         let mut out = Vec::new();
         for _ in 0..3 {
@@ -224,11 +213,7 @@ async fn a_unix_socket_works() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let started = std::time::Instant::now();
-    while !socket.exists() {
-        assert!(started.elapsed() < Duration::from_secs(10), "no socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually_blocking("redis opens its socket", || socket.exists());
     let server = server(socket.display().to_string(), RedisKind::Single, 0).await;
     let mut client = server.client().await;
     let remaining: Vec<u32> = {
@@ -264,35 +249,21 @@ async fn after_a_sentinel_failover_counting_moves_to_the_promoted_replica() {
         0,
     )
     .await;
-    let mut client = server.client().await;
-    let mut remaining = async |value: &str| {
-        should_rate_limit(
-            &mut client,
-            request("calls", vec![descriptor(&[("j", value)])]),
-        )
-        .await
-        .statuses[0]
-            .limit_remaining
-    };
+    let calls = server.domain("calls");
+    let remaining = async |value: &str| calls.hit(&format!("j={value}")).await.remaining()[0];
     assert_eq!(remaining("before").await, 99);
 
     master.kill();
     // While there is no master, requests fail open (remaining stays at the limit); once
     // Sentinel has promoted the replica, Sluice asks it again and counts there.
-    let started = std::time::Instant::now();
     let mut attempt = 0;
-    loop {
+    let limit = Duration::from_secs(60);
+    common::eventually_within(limit, "counting resumes after the failover", || {
         attempt += 1;
         let key = format!("after-{attempt}");
-        if (remaining(&key).await, remaining(&key).await) == (99, 98) {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "counting never resumed after the failover"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        async move { (remaining(&key).await, remaining(&key).await) == (99, 98) }
+    })
+    .await;
     let master_now = sentinel.command(&["SENTINEL", "get-master-addr-by-name", "failover"]);
     assert!(
         master_now.contains(&replica.port.to_string()),

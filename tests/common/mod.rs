@@ -262,12 +262,23 @@ impl std::ops::Deref for Decision {
 }
 
 /// Polls until `ready` holds, for at most twenty seconds, then fails naming `what`.
-pub async fn eventually<F: Future<Output = bool>>(what: &str, mut ready: impl FnMut() -> F) {
+pub async fn eventually<F: Future<Output = bool>>(what: &str, ready: impl FnMut() -> F) {
+    eventually_within(Duration::from_secs(20), what, ready).await;
+}
+
+/// [`eventually`] for at most `limit` (a Sentinel failover takes longer); returns how long
+/// it took.
+pub async fn eventually_within<F: Future<Output = bool>>(
+    limit: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> F,
+) -> Duration {
     let started = Instant::now();
     while !ready().await {
-        assert!(started.elapsed() < Duration::from_secs(20), "never: {what}");
+        assert!(started.elapsed() < limit, "never: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    started.elapsed()
 }
 
 /// [`eventually`] on a plain thread, for conditions that block (a process, a socket).
