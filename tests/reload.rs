@@ -24,16 +24,12 @@ const OTHER: &str =
 
 /// Polls `/rlconfig` until it contains `needle`; returns how long that took.
 async fn until_rlconfig(server: &TestServer, needle: &str) -> Duration {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(10) {
+    let what = format!("/rlconfig shows '{needle}'");
+    common::eventually_within(Duration::from_secs(10), &what, || async {
         let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
-        if page.contains(needle) {
-            return started.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
-    panic!("/rlconfig never showed '{needle}':\n{page}");
+        page.contains(needle)
+    })
+    .await
 }
 
 async fn remaining(server: &TestServer, domain: &str, key: &str, value: &str) -> u32 {
@@ -207,7 +203,7 @@ async fn a_configmap_symlink_swap_is_reloaded() {
 async fn sighup_reloads_at_once() {
     let dir = config_dir("reload-sighup", &[("r.yaml", ONE)]);
     let process = SluiceProcess::spawn(&dir, &["--config-watch-interval", "0s"]);
-    let mut client = RateLimitServiceClient::connect(format!("http://{}", process.grpc))
+    let client = RateLimitServiceClient::connect(format!("http://{}", process.grpc))
         .await
         .unwrap();
     write(&dir, "r.yaml", FIVE);
@@ -216,24 +212,20 @@ async fn sighup_reloads_at_once() {
         .status()
         .unwrap();
     assert!(status.success());
-    let started = Instant::now();
-    loop {
-        let r = should_rate_limit(&mut client, request("r", vec![descriptor(&[("k", "x")])])).await;
-        if r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit
-            == 5
-        {
-            break;
+    common::eventually_within(Duration::from_secs(5), "SIGHUP reloads", || {
+        let mut client = client.clone();
+        async move {
+            let r =
+                should_rate_limit(&mut client, request("r", vec![descriptor(&[("k", "x")])])).await;
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit
+                == 5
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "SIGHUP did not reload"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,14 +326,12 @@ async fn health_checks_fail_at_once_while_requests_are_still_served() {
         .unwrap();
     let mut health = HealthClient::new(channel);
     let stopping = tokio::spawn(server.stop());
-    let started = Instant::now();
-    while http_get(http, "/healthcheck").await.unwrap().0 != 503 {
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "healthcheck still 200"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::eventually_within(
+        Duration::from_secs(1),
+        "healthcheck answers 503",
+        || async { http_get(http, "/healthcheck").await.unwrap().0 == 503 },
+    )
+    .await;
     for service in ["", "ratelimit"] {
         let grpc_health = health
             .check(HealthCheckRequest {
@@ -400,19 +390,14 @@ async fn with_healthy_with_at_least_one_config_loaded_health_waits_for_a_domain(
     );
     // The first domain arrives: healthy, on both.
     write(&dir, "r.yaml", FIVE);
-    let started = Instant::now();
-    while http_get(server.http_addr, "/healthcheck").await.unwrap().0 != 200 {
-        assert!(started.elapsed() < Duration::from_secs(10), "never healthy");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let started = Instant::now();
-    while grpc_status("").await != ServingStatus::Serving as i32 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "gRPC health never serving"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually("healthcheck answers 200", || async {
+        http_get(server.http_addr, "/healthcheck").await.unwrap().0 == 200
+    })
+    .await;
+    common::eventually("gRPC health serving", || async {
+        grpc_status("").await == ServingStatus::Serving as i32
+    })
+    .await;
     assert_eq!(
         grpc_status("ratelimit").await,
         ServingStatus::Serving as i32

@@ -354,29 +354,22 @@ async fn redis_reloads_its_script_after_a_restart() {
     redis.restart();
     // The first call after the restart may fail while the connection is remade; then the
     // script is loaded again (NOSCRIPT → EVAL) and counting starts from an empty server.
-    let mut answered = None;
-    for _ in 0..50 {
-        match store
-            .apply(&Batch {
-                ops: vec![op(&ns, "a", 5, 1, Role::Enforce)],
-                admission: Admission::ByRule,
-                deadline: None,
-                charged_at: None,
-            })
-            .await
-        {
-            Ok(applied) => {
-                answered = Some(applied);
-                break;
-            }
-            Err(e) => {
-                assert!(e.is_transient(), "{e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+    let batch = Batch {
+        ops: vec![op(&ns, "a", 5, 1, Role::Enforce)],
+        admission: Admission::ByRule,
+        deadline: None,
+        charged_at: None,
+    };
+    let answered = std::cell::RefCell::new(None);
+    common::eventually("redis answers again after a restart", || async {
+        match store.apply(&batch).await {
+            Ok(applied) => *answered.borrow_mut() = Some(applied),
+            Err(e) => assert!(e.is_transient(), "{e}"),
         }
-    }
-    let applied = answered.expect("redis answers again after a restart");
-    assert_eq!(applied.decisions[0].remaining, 4);
+        answered.borrow().is_some()
+    })
+    .await;
+    assert_eq!(answered.into_inner().unwrap().decisions[0].remaining, 4);
 }
 
 #[tokio::test]
