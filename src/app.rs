@@ -124,13 +124,26 @@ pub struct Prepared {
 
 /// Loads and validates the config and builds the store and limiter; binds nothing.
 pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
-    prepare_with_clock(settings, Arc::new(SystemClock))
+    prepare_on(settings, Time::System)
 }
 
-/// [`prepare`] with the wall clock of the stores in process (the memory store, the failure
-/// policy's local counters, the over-limit cache) given: tests move a manual clock instead of
-/// sleeping. Redis keeps its own time.
+/// [`prepare`] on `clock` instead of the wall clock: the stores in process (the memory store,
+/// the failure policy's local counters, the over-limit cache) and Redis's script (instead of
+/// its `TIME`) all read it, so tests move a manual clock instead of sleeping. Never in
+/// production, where every instance must share Redis's clock.
 pub fn prepare_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> Result<Prepared, AppError> {
+    prepare_on(settings, Time::Pinned(clock))
+}
+
+/// Where the stores take the time from.
+enum Time {
+    /// The wall clock in process, Redis's own `TIME` in Redis.
+    System,
+    /// One clock for every store, Redis's script included.
+    Pinned(Arc<dyn Clock>),
+}
+
+fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
     let options = LoadOptions {
         merge_domains: settings.merge_domains,
     };
@@ -140,7 +153,7 @@ pub fn prepare_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> Result<P
     ));
     let loaded = config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
     metrics.config.loaded(true);
-    let store = build_store(&settings, clock)?;
+    let store = build_store(&settings, &time)?;
     tracing::info!(
         directory = %settings.config_dir.display(),
         files = loaded.files.len(),
@@ -168,7 +181,11 @@ pub fn prepare_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> Result<P
 
 /// The store stack `settings` ask for: the memory store, or Redis behind its failure policy
 /// (two with `REDIS_PERSECOND`), behind the over-limit cache when it is on.
-fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, AppError> {
+fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn Store>, AppError> {
+    let clock: Arc<dyn Clock> = match time {
+        Time::System => Arc::new(SystemClock),
+        Time::Pinned(clock) => clock.clone(),
+    };
     Ok(match settings.backend {
         Backend::Memory => {
             if settings.kubernetes {
@@ -187,11 +204,14 @@ fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Arc<dyn Sto
             let resilient = |options: &RedisOptions| -> Result<Arc<Resilient>, AppError> {
                 // A script call may outlive its requests' deadline: its answers still count
                 // (see `Resilient`), up to the background limit.
-                let redis = RedisStore::new(&RedisOptions {
+                let mut redis = RedisStore::new(&RedisOptions {
                     call_timeout: settings.resilience.background_limit(),
                     ..options.clone()
                 })
                 .map_err(AppError::Serve)?;
+                if let Time::Pinned(clock) = time {
+                    redis = redis.with_clock(clock.clone());
+                }
                 Ok(Arc::new(Resilient::new(
                     Arc::new(redis),
                     settings.resilience,

@@ -1,14 +1,16 @@
 //! The algorithms black-box, over gRPC, on the memory store and on Redis: token buckets,
-//! several limits on one descriptor, and concurrency released by `is_negative_hits`.
+//! several limits on one descriptor, and concurrency released by `is_negative_hits`. Time is
+//! a manual clock that every store reads (Redis's script too), moved instead of slept.
 
 mod common;
 
 use std::time::Duration;
 
 use common::redis::RedisServer;
-use common::{TestServer, config_dir, descriptor, request, should_rate_limit};
+use common::{DomainClient, TestServer, config_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use sluice::clock::{Clock, ManualClock};
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::resilient::ResilienceOptions;
@@ -28,11 +30,32 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency}
 "#;
 
-async fn memory() -> (TestServer, Option<RedisServer>) {
-    (TestServer::start(&[("algo.yaml", CONFIG)]).await, None)
+/// One microsecond-exact second.
+const SECOND: u64 = 1_000_000;
+
+/// A running server on a store, its clock, and the store's server if it has one.
+struct Setup {
+    server: TestServer,
+    clock: std::sync::Arc<ManualClock>,
+    _redis: Option<RedisServer>,
 }
 
-async fn redis() -> (TestServer, Option<RedisServer>) {
+impl Setup {
+    fn algo(&self) -> DomainClient {
+        self.server.domain("algo")
+    }
+}
+
+async fn memory() -> Setup {
+    let (server, clock) = TestServer::with_config_and_clock(CONFIG).await;
+    Setup {
+        server,
+        clock,
+        _redis: None,
+    }
+}
+
+async fn redis() -> Setup {
     let redis = RedisServer::start();
     let mut settings = Settings::for_tests(config_dir("algo", &[("algo.yaml", CONFIG)]));
     settings.backend = Backend::Redis;
@@ -43,31 +66,19 @@ async fn redis() -> (TestServer, Option<RedisServer>) {
     };
     // Fail closed: a Redis problem must show, not pass as OK.
     settings.limiter.failure_mode = sluice::store::FailureMode::Deny;
-    (TestServer::start_with(settings).await, Some(redis))
+    let (server, clock) = TestServer::start_with_clock(settings).await;
+    Setup {
+        server,
+        clock,
+        _redis: Some(redis),
+    }
 }
 
-const OK: i32 = Code::Ok as i32;
-const OVER: i32 = Code::OverLimit as i32;
-
-async fn token_bucket_takes_a_burst_then_refills(server: &TestServer) {
-    let mut client = server.client().await;
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let mut client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            should_rate_limit(
-                &mut client,
-                request("algo", vec![descriptor(&[("tb", "a")])]),
-            )
-            .await
-        }));
-    }
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
-    assert_eq!(answers.iter().filter(|r| r.overall_code == OK).count(), 5);
-    for rejected in answers.iter().filter(|r| r.overall_code == OVER) {
+async fn token_bucket_takes_a_burst_then_refills(setup: &Setup) {
+    let algo = setup.algo();
+    let answers = futures_util::future::join_all((0..8).map(|_| algo.hit("tb=a"))).await;
+    assert_eq!(answers.iter().filter(|r| r.is_ok()).count(), 5);
+    for rejected in answers.iter().filter(|r| r.is_over_limit()) {
         let header = &rejected.response_headers_to_add[0];
         assert_eq!(
             (header.key.as_str(), header.value.as_str()),
@@ -75,31 +86,18 @@ async fn token_bucket_takes_a_burst_then_refills(server: &TestServer) {
         );
     }
     // Another key is untouched.
-    let other = should_rate_limit(
-        &mut client,
-        request("algo", vec![descriptor(&[("tb", "b")])]),
-    )
-    .await;
-    assert_eq!(
-        (other.overall_code, other.statuses[0].limit_remaining),
-        (OK, 4)
-    );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let retry = should_rate_limit(
-        &mut client,
-        request("algo", vec![descriptor(&[("tb", "a")])]),
-    )
-    .await;
-    assert_eq!(retry.overall_code, OK);
+    let other = algo.hit("tb=b").await;
+    assert_eq!((other.code(), other.remaining()), (Code::Ok, vec![4]));
+    setup.clock.advance(SECOND);
+    assert!(algo.hit("tb=a").await.is_ok());
 }
 
-async fn token_bucket_of_two_says_when_to_come_back(server: &TestServer) {
-    let mut client = server.client().await;
-    let ask = || request("algo", vec![descriptor(&[("tb2", "a")])]);
-    assert_eq!(should_rate_limit(&mut client, ask()).await.overall_code, OK);
-    assert_eq!(should_rate_limit(&mut client, ask()).await.overall_code, OK);
-    let third = should_rate_limit(&mut client, ask()).await;
-    assert_eq!(third.overall_code, OVER);
+async fn token_bucket_of_two_says_when_to_come_back(setup: &Setup) {
+    let algo = setup.algo();
+    assert!(algo.hit("tb2=a").await.is_ok());
+    assert!(algo.hit("tb2=a").await.is_ok());
+    let third = algo.hit("tb2=a").await;
+    assert!(third.is_over_limit());
     let reset = third.statuses[0].duration_until_reset.unwrap();
     let millis = reset.seconds * 1000 + i64::from(reset.nanos) / 1_000_000;
     assert!(
@@ -108,80 +106,63 @@ async fn token_bucket_of_two_says_when_to_come_back(server: &TestServer) {
     );
 }
 
-async fn the_stricter_limit_decides(server: &TestServer) {
-    let mut client = server.client().await;
-    let ask = || request("algo", vec![descriptor(&[("both", "a")])]);
-    let name = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
-        r.statuses[0].current_limit.as_ref().unwrap().name.clone()
-    };
-    // Align to the start of a second so that the per-second window holds three requests.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    tokio::time::sleep(Duration::from_nanos(
-        1_000_000_000 - u64::from(now.subsec_nanos()),
-    ))
-    .await;
-    let first = should_rate_limit(&mut client, ask()).await;
+async fn the_stricter_limit_decides(setup: &Setup) {
+    let algo = setup.algo();
+    let name = |r: &common::Decision| r.statuses[0].current_limit.as_ref().unwrap().name.clone();
+    // The start of a second, so that the per-second window holds three requests.
+    setup
+        .clock
+        .set(setup.clock.now() / SECOND * SECOND + SECOND);
+    let first = algo.hit("both=a").await;
     assert_eq!(
-        (first.overall_code, name(&first).as_str()),
-        (OK, "per_second")
+        (first.code(), name(&first).as_str()),
+        (Code::Ok, "per_second")
     );
-    assert_eq!(first.statuses[0].limit_remaining, 1);
-    should_rate_limit(&mut client, ask()).await;
-    let third = should_rate_limit(&mut client, ask()).await;
+    assert_eq!(first.remaining(), [1]);
+    algo.hit("both=a").await;
+    let third = algo.hit("both=a").await;
     assert_eq!(
-        (third.overall_code, name(&third).as_str()),
-        (OVER, "per_second")
+        (third.code(), name(&third).as_str()),
+        (Code::OverLimit, "per_second")
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    setup.clock.advance(SECOND);
     // A new second: the per-second limit has room, the per-day one has one left.
-    let fourth = should_rate_limit(&mut client, ask()).await;
+    let fourth = algo.hit("both=a").await;
     assert_eq!(
-        (fourth.overall_code, name(&fourth).as_str()),
-        (OK, "per_day")
+        (fourth.code(), name(&fourth).as_str()),
+        (Code::Ok, "per_day")
     );
-    assert_eq!(fourth.statuses[0].limit_remaining, 0);
-    let fifth = should_rate_limit(&mut client, ask()).await;
+    assert_eq!(fourth.remaining(), [0]);
+    let fifth = algo.hit("both=a").await;
     assert_eq!(
-        (fifth.overall_code, name(&fifth).as_str()),
-        (OVER, "per_day")
+        (fifth.code(), name(&fifth).as_str()),
+        (Code::OverLimit, "per_day")
     );
 }
 
-async fn concurrency_is_released_by_negative_hits(server: &TestServer) {
-    let mut client = server.client().await;
-    let acquire = || request("algo", vec![descriptor(&[("inflight", "a")])]);
+async fn concurrency_is_released_by_negative_hits(setup: &Setup) {
+    let algo = setup.algo();
     let release = || {
-        let mut d = descriptor(&[("inflight", "a")]);
-        d.is_negative_hits = true;
-        d.hits_addend = Some(UInt64Value { value: 1 });
-        request("algo", vec![d])
+        let mut request = algo.request("inflight=a");
+        request.descriptors[0].is_negative_hits = true;
+        request.descriptors[0].hits_addend = Some(UInt64Value { value: 1 });
+        request
     };
-    assert_eq!(
-        should_rate_limit(&mut client, acquire()).await.overall_code,
-        OK
-    );
-    assert_eq!(
-        should_rate_limit(&mut client, acquire()).await.overall_code,
-        OK
-    );
-    assert_eq!(
-        should_rate_limit(&mut client, acquire()).await.overall_code,
-        OVER
-    );
+    assert!(algo.hit("inflight=a").await.is_ok());
+    assert!(algo.hit("inflight=a").await.is_ok());
+    assert!(algo.hit("inflight=a").await.is_over_limit());
     // Every acquisition gets released, the refused one too (as Envoy does).
     for remaining in [0, 1] {
-        let released = should_rate_limit(&mut client, release()).await;
+        let released = algo.send(release()).await.unwrap();
         assert_eq!(
-            (released.overall_code, released.statuses[0].limit_remaining),
-            (OK, remaining)
+            (
+                released.overall_code(),
+                released.statuses[0].limit_remaining
+            ),
+            (Code::Ok, remaining)
         );
     }
-    assert_eq!(
-        should_rate_limit(&mut client, acquire()).await.overall_code,
-        OK
-    );
+    assert!(algo.hit("inflight=a").await.is_ok());
 }
 
 macro_rules! on_every_store {
@@ -190,8 +171,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let (server, _redis) = super::memory().await;
-                    super::$case(&server).await;
+                    super::$case(&super::memory().await).await;
                 }
             )*
         }
@@ -199,8 +179,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let (server, _redis) = super::redis().await;
-                    super::$case(&server).await;
+                    super::$case(&super::redis().await).await;
                 }
             )*
         }

@@ -72,22 +72,28 @@ impl TestServer {
     /// a manual clock (returned) instead of the wall clock: tests move it rather than sleep.
     pub async fn with_config_and_clock(yaml: &str) -> (Self, Arc<ManualClock>) {
         let settings = Settings::for_tests(config_dir("server", &[("config.yaml", yaml)]));
+        Self::start_with_clock(settings).await
+    }
+
+    /// Starts a server with `settings` whose stores (Redis's script too) read a manual clock,
+    /// returned, that starts at the wall clock's time.
+    pub async fn start_with_clock(settings: Settings) -> (Self, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new(SystemClock.now()));
-        let server = Self::spawn(settings, clock.clone()).await;
+        let server = Self::spawn(settings, Some(clock.clone())).await;
         server.wait_ready().await;
         (server, clock)
     }
 
     /// Starts a server with `settings` (its addresses are ignored: port 0 on loopback).
     pub async fn start_with(settings: Settings) -> Self {
-        let server = Self::spawn(settings, Arc::new(SystemClock)).await;
+        let server = Self::spawn(settings, None).await;
         server.wait_ready().await;
         server
     }
 
     /// Starts a server and waits only until its admin port answers (ready or not).
     pub async fn start_unready(settings: Settings) -> Self {
-        let server = Self::spawn(settings, Arc::new(SystemClock)).await;
+        let server = Self::spawn(settings, None).await;
         let addr = server.http_addr;
         eventually("the admin port answers", || async move {
             http_get(addr, "/healthcheck").await.is_ok()
@@ -96,7 +102,7 @@ impl TestServer {
         server
     }
 
-    async fn spawn(settings: Settings, clock: Arc<dyn Clock>) -> Self {
+    async fn spawn(settings: Settings, clock: Option<Arc<ManualClock>>) -> Self {
         let listeners = Listeners {
             grpc: TcpListener::bind("127.0.0.1:0").await.unwrap(),
             http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
@@ -104,7 +110,11 @@ impl TestServer {
         };
         let grpc_addr = listeners.grpc.local_addr().unwrap();
         let http_addr = listeners.http.local_addr().unwrap();
-        let prepared = app::prepare_with_clock(settings, clock).expect("valid test config");
+        let prepared = match clock {
+            Some(clock) => app::prepare_with_clock(settings, clock),
+            None => app::prepare(settings),
+        }
+        .expect("valid test config");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(prepared.serve(listeners, async {
             let _ = stopped.await;
