@@ -139,7 +139,7 @@ fn single(redis: &RedisServer) -> RedisOptions {
 /// - `duration_until_reset` counts down between two requests a second apart.
 async fn basic_config(settings: Settings) -> TestServer {
     let local_cache = settings.local_cache_keys > 0;
-    let server = TestServer::start_with(settings).await;
+    let (server, clock) = TestServer::start_with_clock(settings).await;
     let mut client = server.client().await;
 
     let r = should_rate_limit(&mut client, req("foo", &[&[("hello", "world")]])).await;
@@ -242,7 +242,7 @@ async fn basic_config(settings: Settings) -> TestServer {
     let dur = || req("another", &[&[("key4", "durTest")]]);
     let first = should_rate_limit(&mut client, dur()).await;
     // What is tested is time passing: whole seconds, rounded up, drop after a second.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(1_100_000);
     let second = should_rate_limit(&mut client, dur()).await;
     assert!(
         reset(&second) < reset(&first),

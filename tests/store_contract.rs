@@ -6,12 +6,11 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::eventually_blocking;
 use common::redis::{RedisCluster, RedisServer, command_calls};
 use sluice::algorithm::{Algorithm, Limit, SECOND};
-use sluice::clock::SystemClock;
+use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::store::memory::MemoryOptions;
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::{
@@ -268,7 +267,7 @@ async fn more_hits_than_the_limit_never_pass(store: &dyn Store) {
     assert_eq!(applied.decisions[0].remaining, 5);
 }
 
-async fn windows_end_on_unit_boundaries(store: &dyn Store) {
+async fn windows_end_on_unit_boundaries(store: &dyn Store, clock: &ManualClock) {
     let ns = namespace("window");
     let second = Limit {
         requests: 1,
@@ -286,12 +285,14 @@ async fn windows_end_on_unit_boundaries(store: &dyn Store) {
     let first = apply(store, vec![one()]).await;
     let reset = first.decisions[0].reset_after;
     assert!(reset > 0 && reset <= SECOND, "{reset}");
-    // Wait for the next second: the counter starts again from zero.
-    tokio::time::sleep(Duration::from_micros(reset + 20_000)).await;
+    // The next second: the counter starts again from zero.
+    clock.advance(reset + 20_000);
     assert!(apply(store, vec![one()]).await.admitted);
 }
 
-async fn run_all(store: &dyn Store) {
+/// Every case on `store`, whose time is `clock` (Redis's script included: the servers' tests
+/// cover its own `TIME`).
+async fn run_all(store: &dyn Store, clock: &ManualClock) {
     admits_exactly_the_limit(store).await;
     a_rejected_batch_charges_nothing(store).await;
     many_counters_are_all_or_nothing(store).await;
@@ -303,7 +304,12 @@ async fn run_all(store: &dyn Store) {
     always_admit_charges_what_fits(store).await;
     never_admit_decides_with_the_hits_and_charges_nothing(store).await;
     more_hits_than_the_limit_never_pass(store).await;
-    windows_end_on_unit_boundaries(store).await;
+    windows_end_on_unit_boundaries(store, clock).await;
+}
+
+/// A manual clock that starts at the wall clock's time.
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(SystemClock.now()))
 }
 
 // === the stores ===
@@ -317,15 +323,19 @@ fn redis_options(url: String, kind: RedisKind) -> RedisOptions {
 
 #[tokio::test]
 async fn memory_store_keeps_the_contract() {
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
-    run_all(&store).await;
+    let clock = clock();
+    let store = MemoryStore::new(MemoryOptions::default(), clock.clone());
+    run_all(&store, &clock).await;
 }
 
 #[tokio::test]
 async fn redis_store_keeps_the_contract() {
     let redis = RedisServer::start();
-    let store = RedisStore::new(&redis_options(redis.url(), RedisKind::Single)).unwrap();
-    run_all(&store).await;
+    let clock = clock();
+    let store = RedisStore::new(&redis_options(redis.url(), RedisKind::Single))
+        .unwrap()
+        .with_clock(clock.clone());
+    run_all(&store, &clock).await;
     // One script call per request: the contract above sends 40-odd requests.
     let stats = redis.command(&["INFO", "commandstats"]);
     assert!(
@@ -337,8 +347,11 @@ async fn redis_store_keeps_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_store_keeps_the_contract() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::new(&redis_options(cluster.url(), RedisKind::Cluster)).unwrap();
-    run_all(&store).await;
+    let clock = clock();
+    let store = RedisStore::new(&redis_options(cluster.url(), RedisKind::Cluster))
+        .unwrap()
+        .with_clock(clock.clone());
+    run_all(&store, &clock).await;
 }
 
 #[tokio::test]
