@@ -284,6 +284,8 @@ async fn sigterm_under_load_answers_every_request_and_exits_zero() {
     let mut process =
         SluiceProcess::spawn(&dir, &["--shutdown-delay", "1s", "--shutdown-grace", "5s"]);
     let grpc = process.grpc.clone();
+    let flowing = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = flowing.clone();
     let load = tokio::spawn(async move {
         let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
             .await
@@ -299,10 +301,14 @@ async fn sigterm_under_load_answers_every_request_and_exits_zero() {
                 Ok(_) => answered += 1,
                 Err(_) => failed += 1,
             }
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         (answered, failed)
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    common::eventually("the load is flowing", || {
+        std::future::ready(flowing.load(std::sync::atomic::Ordering::Relaxed) > 0)
+    })
+    .await;
     process.terminate();
     let (answered, failed) = load.await.unwrap();
     assert!(answered > 0);
