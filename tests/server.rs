@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestServer, descriptor, http, http_get, request, should_rate_limit};
+use common::{TestServer, descriptor, http, http_get, request};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 use envoy_types::pb::google::protobuf::UInt64Value;
@@ -38,102 +38,67 @@ descriptors:
 "#;
 
 async fn api() -> TestServer {
-    TestServer::start(&[("api.yaml", API)]).await
-}
-
-fn code(c: Code) -> i32 {
-    c as i32
+    TestServer::with_config(API).await
 }
 
 #[tokio::test]
 async fn exact_value_beats_wildcard_beats_key_only() {
     let server = api().await;
-    let mut client = server.client().await;
+    let api = server.domain("api");
     for (value, expected) in [("premium", 10), ("partner-acme", 5), ("someone", 3)] {
-        let r = should_rate_limit(
-            &mut client,
-            request("api", vec![descriptor(&[("client", value)])]),
-        )
-        .await;
+        let r = api.hit(&format!("client={value}")).await;
         let limit = r.statuses[0].current_limit.as_ref().unwrap();
         assert_eq!(limit.requests_per_unit, expected, "client={value}");
-        assert_eq!(r.statuses[0].limit_remaining, expected - 1);
+        assert_eq!(r.remaining(), [expected - 1]);
     }
 }
 
 #[tokio::test]
 async fn whitelisted_and_unlimited_values_pass_without_counting() {
     let server = api().await;
-    let mut client = server.client().await;
+    let api = server.domain("api");
     for _ in 0..5 {
-        let r = should_rate_limit(
-            &mut client,
-            request(
-                "api",
-                vec![
-                    descriptor(&[("client", "internal")]),
-                    descriptor(&[("client", "robot")]),
-                ],
-            ),
-        )
-        .await;
-        assert_eq!(r.overall_code, code(Code::Ok));
+        let r = api.hit("client=internal | client=robot").await;
+        assert!(r.is_ok());
         assert!(r.statuses[0].current_limit.is_none());
-        assert_eq!(r.statuses[0].limit_remaining, 0);
         assert!(r.statuses[1].current_limit.is_none());
-        assert_eq!(r.statuses[1].limit_remaining, 4_294_967_295);
+        assert_eq!(r.remaining(), [0, 4_294_967_295]);
     }
 }
 
 #[tokio::test]
 async fn rules_apply_only_at_their_depth() {
     let server = api().await;
-    let mut client = server.client().await;
-    let deep = |path| descriptor(&[("remote_address", "10.0.0.7"), ("path", path)]);
+    let api = server.domain("api");
     // The nested rule applies to the two-entry descriptor ...
-    let r = should_rate_limit(&mut client, request("api", vec![deep("/login")])).await;
+    let r = api.hit("remote_address=10.0.0.7,path=/login").await;
     assert_eq!(
         r.statuses[0].current_limit.as_ref().unwrap().unit,
         Unit::Hour as i32
     );
     // ... not to one entry, a different path, or a longer descriptor.
-    for d in [
-        descriptor(&[("remote_address", "10.0.0.7")]),
-        deep("/other"),
-        descriptor(&[
-            ("remote_address", "10.0.0.7"),
-            ("path", "/login"),
-            ("x", "y"),
-        ]),
-        descriptor(&[("client", "someone"), ("x", "y")]),
+    for spec in [
+        "remote_address=10.0.0.7",
+        "remote_address=10.0.0.7,path=/other",
+        "remote_address=10.0.0.7,path=/login,x=y",
+        "client=someone,x=y",
     ] {
-        let r = should_rate_limit(&mut client, request("api", vec![d])).await;
-        assert!(r.statuses[0].current_limit.is_none());
+        let r = api.hit(spec).await;
+        assert!(r.statuses[0].current_limit.is_none(), "{spec}");
     }
 }
 
 #[tokio::test]
 async fn over_limit_answers_carry_retry_after_and_reset() {
     let server = api().await;
-    let mut client = server.client().await;
-    let login = || {
-        request(
-            "api",
-            vec![descriptor(&[
-                ("remote_address", "10.0.0.8"),
-                ("path", "/login"),
-            ])],
-        )
-    };
+    let api = server.domain("api");
+    let login = "remote_address=10.0.0.8,path=/login";
     for _ in 0..2 {
-        assert_eq!(
-            should_rate_limit(&mut client, login()).await.overall_code,
-            code(Code::Ok)
-        );
+        assert!(api.hit(login).await.is_ok());
     }
-    let r = should_rate_limit(&mut client, login()).await;
-    assert_eq!(r.overall_code, code(Code::OverLimit));
-    assert_eq!(r.statuses[0].code, code(Code::OverLimit));
+    let r = api.hit(login).await;
+    assert!(r.is_over_limit());
+    assert_eq!(r.codes(), [Code::OverLimit]);
     let reset = r.statuses[0].duration_until_reset.unwrap();
     assert!(reset.seconds <= 3600);
     let header = &r.response_headers_to_add[0];
@@ -148,50 +113,31 @@ async fn over_limit_answers_carry_retry_after_and_reset() {
 #[tokio::test]
 async fn a_rejected_request_charges_none_of_its_descriptors() {
     let server = api().await;
-    let mut client = server.client().await;
-    let ip = || descriptor(&[("remote_address", "10.0.0.9"), ("path", "/login")]);
+    let api = server.domain("api");
+    let ip = "remote_address=10.0.0.9,path=/login";
     for _ in 0..2 {
-        should_rate_limit(&mut client, request("api", vec![ip()])).await;
+        api.hit(ip).await;
     }
     for _ in 0..5 {
-        let r = should_rate_limit(
-            &mut client,
-            request("api", vec![descriptor(&[("client", "carol")]), ip()]),
-        )
-        .await;
-        assert_eq!(r.overall_code, code(Code::OverLimit));
+        assert!(
+            api.hit(&format!("client=carol | {ip}"))
+                .await
+                .is_over_limit()
+        );
     }
-    let r = should_rate_limit(
-        &mut client,
-        request("api", vec![descriptor(&[("client", "carol")])]),
-    )
-    .await;
-    assert_eq!(r.statuses[0].limit_remaining, 2, "carol was never charged");
+    let r = api.hit("client=carol").await;
+    assert_eq!(r.remaining(), [2], "carol was never charged");
 }
 
 #[tokio::test]
 async fn replaces_drops_the_replaced_limit_within_one_request() {
     let server = api().await;
-    let mut client = server.client().await;
+    let api = server.domain("api");
     for _ in 0..3 {
-        should_rate_limit(
-            &mut client,
-            request("api", vec![descriptor(&[("client", "dave")])]),
-        )
-        .await;
+        api.hit("client=dave").await;
     }
-    let r = should_rate_limit(
-        &mut client,
-        request(
-            "api",
-            vec![
-                descriptor(&[("client", "dave")]),
-                descriptor(&[("plan", "gold")]),
-            ],
-        ),
-    )
-    .await;
-    assert_eq!(r.overall_code, code(Code::Ok));
+    let r = api.hit("client=dave | plan=gold").await;
+    assert!(r.is_ok());
     assert!(r.statuses[0].current_limit.is_none());
     assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "gold");
 }
@@ -199,80 +145,68 @@ async fn replaces_drops_the_replaced_limit_within_one_request() {
 #[tokio::test]
 async fn shadow_mode_rules_never_reject() {
     let server = api().await;
-    let mut client = server.client().await;
+    let api = server.domain("api");
     for _ in 0..3 {
-        let r = should_rate_limit(
-            &mut client,
-            request("api", vec![descriptor(&[("experiment", "b")])]),
-        )
-        .await;
-        assert_eq!(r.overall_code, code(Code::Ok));
-        assert_eq!(r.statuses[0].code, code(Code::Ok));
+        let r = api.hit("experiment=b").await;
+        assert!(r.is_ok());
+        assert_eq!(r.codes(), [Code::Ok]);
     }
 }
 
 #[tokio::test]
 async fn peek_and_per_descriptor_hits() {
     let server = api().await;
-    let mut client = server.client().await;
-    let mut heavy = descriptor(&[("client", "erin")]);
-    heavy.hits_addend = Some(UInt64Value { value: 2 });
-    let r = should_rate_limit(&mut client, request("api", vec![heavy])).await;
+    let api = server.domain("api");
+    let with_hits = |hits| {
+        let mut request = api.request("client=erin");
+        request.descriptors[0].hits_addend = Some(UInt64Value { value: hits });
+        request
+    };
+    let r = api.send(with_hits(2)).await.unwrap();
     assert_eq!(r.statuses[0].limit_remaining, 1);
-    let mut peek = descriptor(&[("client", "erin")]);
-    peek.hits_addend = Some(UInt64Value { value: 0 });
     for _ in 0..3 {
-        let r = should_rate_limit(&mut client, request("api", vec![peek.clone()])).await;
+        let r = api.send(with_hits(0)).await.unwrap();
         assert_eq!(
-            (r.overall_code, r.statuses[0].limit_remaining),
-            (code(Code::Ok), 1)
+            (r.overall_code(), r.statuses[0].limit_remaining),
+            (Code::Ok, 1)
         );
     }
-    let mut req = request("api", vec![descriptor(&[("client", "erin")])]);
-    req.hits_addend = 2;
-    assert_eq!(
-        should_rate_limit(&mut client, req).await.overall_code,
-        code(Code::OverLimit)
-    );
+    assert!(api.hits("client=erin", 2).await.is_over_limit());
 }
 
 #[tokio::test]
 async fn overrides_replace_the_configured_limit() {
     let server = api().await;
-    let mut client = server.client().await;
-    let mut d = descriptor(&[("client", "frank")]);
-    d.limit = Some(RateLimitOverride {
+    let api = server.domain("api");
+    let mut request = api.request("client=frank");
+    request.descriptors[0].limit = Some(RateLimitOverride {
         requests_per_unit: 1,
         unit: Unit::Day as i32,
     });
-    let r = should_rate_limit(&mut client, request("api", vec![d.clone()])).await;
+    let r = api.send(request.clone()).await.unwrap();
     let limit = r.statuses[0].current_limit.as_ref().unwrap();
     assert_eq!((limit.requests_per_unit, limit.unit), (1, Unit::Day as i32));
-    assert_eq!(
-        should_rate_limit(&mut client, request("api", vec![d]))
-            .await
-            .overall_code,
-        code(Code::OverLimit)
-    );
+    let r = api.send(request).await.unwrap();
+    assert_eq!(r.overall_code(), Code::OverLimit);
 }
 
 #[tokio::test]
 async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving() {
     let server = api().await;
-    let mut client = server.client().await;
-    let mut bad_override = descriptor(&[("client", "x")]);
-    bad_override.limit = Some(RateLimitOverride {
+    let api = server.domain("api");
+    let mut bad_override = api.request("client=x");
+    bad_override.descriptors[0].limit = Some(RateLimitOverride {
         requests_per_unit: 10,
         unit: Unit::Unknown as i32,
     });
     let cases = [
-        request("", vec![descriptor(&[("client", "x")])]),
-        request("api", vec![]),
-        request("api", vec![bad_override]),
+        server.domain("").request("client=x"),
+        api.request(""),
+        bad_override,
         request("api", vec![descriptor(&[])]),
     ];
     for bad in cases {
-        let status = client.should_rate_limit(bad).await.unwrap_err();
+        let status = api.send(bad).await.unwrap_err();
         assert_eq!(
             status.code(),
             tonic::Code::InvalidArgument,
@@ -281,24 +215,13 @@ async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving() {
         );
         assert!(!status.message().is_empty());
     }
-    let r = should_rate_limit(
-        &mut client,
-        request("api", vec![descriptor(&[("client", "x")])]),
-    )
-    .await;
-    assert_eq!(r.overall_code, code(Code::Ok));
+    assert!(api.hit("client=x").await.is_ok());
 }
 
 #[tokio::test]
 async fn unknown_domain_is_ok() {
     let server = api().await;
-    let mut client = server.client().await;
-    let r = should_rate_limit(
-        &mut client,
-        request("nope", vec![descriptor(&[("client", "x")])]),
-    )
-    .await;
-    assert_eq!(r.overall_code, code(Code::Ok));
+    assert!(server.domain("nope").hit("client=x").await.is_ok());
 }
 
 #[tokio::test]

@@ -135,7 +135,8 @@ impl TestServer {
         .await;
     }
 
-    /// A client for the rate limits of `domain` (connects on first use).
+    /// A client for the rate limits of `domain` (connects on first use; the server must
+    /// outlive it).
     pub fn domain(&self, domain: &str) -> DomainClient {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc_addr))
             .unwrap()
