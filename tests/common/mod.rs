@@ -200,6 +200,19 @@ impl DomainClient {
         self.send(request).await.map(Decision)
     }
 
+    /// Gives one unit back on each descriptor `spec` names (`is_negative_hits`, as Envoy
+    /// sends when a stream ends).
+    pub async fn release(&self, spec: &str) -> Decision {
+        let mut request = self.request(spec);
+        for descriptor in &mut request.descriptors {
+            descriptor.is_negative_hits = true;
+            descriptor.hits_addend =
+                Some(envoy_types::pb::google::protobuf::UInt64Value { value: 1 });
+        }
+        let answer = self.send(request).await;
+        Decision(answer.unwrap_or_else(|status| panic!("release {spec}: {status}")))
+    }
+
     /// The request of one hit `spec` names, for tests that change it before sending.
     pub fn request(&self, spec: &str) -> RateLimitRequest {
         request(&self.domain, descriptors(spec))
