@@ -6,8 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::redis::{RedisSentinel, RedisServer, command_calls};
-use common::{TestServer, config_dir, descriptor, eventually_blocking, request, should_rate_limit};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use common::{TestServer, config_dir, descriptor, eventually_blocking, request};
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::resilient::ResilienceOptions;
@@ -48,14 +47,9 @@ fn script_calls(redis: &RedisServer) -> u64 {
 async fn one_script_call_per_request_whatever_the_number_of_descriptors() {
     let redis = RedisServer::start();
     let server = server(redis.url(), RedisKind::Single, 0).await;
-    let mut client = server.client().await;
-    let descriptors = || {
-        (0..4)
-            .map(|i| descriptor(&[("j", &format!("v{i}"))]))
-            .collect()
-    };
+    let calls = server.domain("calls");
     for _ in 0..10 {
-        should_rate_limit(&mut client, request("calls", descriptors())).await;
+        calls.hit("j=v0 | j=v1 | j=v2 | j=v3").await;
     }
     // The script was loaded at startup: exactly one call per request.
     assert_eq!(script_calls(&redis), 10);
@@ -69,33 +63,21 @@ async fn one_script_call_per_request_whatever_the_number_of_descriptors() {
 async fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() {
     let redis = RedisServer::start();
     let server = server(redis.url(), RedisKind::Single, 0).await;
-    let client = server.client().await;
+    let calls = server.domain("calls");
     // 200 requests at once, each for (k, x) limited to 3 and (j, y) limited to 100: only 3
     // are admitted, and the 197 rejected charge nothing on (j, y).
     let tasks: Vec<_> = (0..200)
         .map(|_| {
-            let mut client = client.clone();
-            tokio::spawn(async move {
-                let ask = request(
-                    "calls",
-                    vec![descriptor(&[("k", "x")]), descriptor(&[("j", "y")])],
-                );
-                should_rate_limit(&mut client, ask).await.overall_code
-            })
+            let calls = calls.clone();
+            tokio::spawn(async move { calls.hit("k=x | j=y").await.is_ok() })
         })
         .collect();
     let mut admitted = 0;
     for task in tasks {
-        admitted += usize::from(task.await.unwrap() == Code::Ok as i32);
+        admitted += usize::from(task.await.unwrap());
     }
     assert_eq!(admitted, 3);
-    let mut client = client.clone();
-    let after = should_rate_limit(
-        &mut client,
-        request("calls", vec![descriptor(&[("j", "y")])]),
-    )
-    .await;
-    assert_eq!(after.statuses[0].limit_remaining, 100 - 3 - 1);
+    assert_eq!(calls.hit("j=y").await.remaining(), [100 - 3 - 1]);
     // At most one call per request (the later one included).
     assert!(script_calls(&redis) <= 200 + 1);
 }
@@ -104,20 +86,15 @@ async fn concurrent_requests_share_script_calls_and_each_stays_all_or_nothing() 
 async fn counters_known_over_the_limit_cost_no_redis_call() {
     let redis = RedisServer::start();
     let server = server(redis.url(), RedisKind::Single, 1000).await;
-    let mut client = server.client().await;
-    let ask = || request("calls", vec![descriptor(&[("k", "hot")])]);
+    let domain = server.domain("calls");
     for _ in 0..3 {
-        assert_eq!(
-            should_rate_limit(&mut client, ask()).await.overall_code,
-            Code::Ok as i32
-        );
+        assert!(domain.hit("k=hot").await.is_ok());
     }
-    let rejected = should_rate_limit(&mut client, ask()).await;
-    assert_eq!(rejected.overall_code, Code::OverLimit as i32);
+    assert!(domain.hit("k=hot").await.is_over_limit());
     let calls = script_calls(&redis);
     for _ in 0..20 {
-        let r = should_rate_limit(&mut client, ask()).await;
-        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        let r = domain.hit("k=hot").await;
+        assert!(r.is_over_limit());
         assert_eq!(r.response_headers_to_add[0].key, "retry-after");
     }
     assert_eq!(
@@ -131,11 +108,7 @@ async fn counters_known_over_the_limit_cost_no_redis_call() {
     let series = r#"ratelimit_service_rate_limit_over_limit_with_local_cache{domain="calls",key1="k",key2="",rule="calls.k"} 20"#;
     assert!(metrics.contains(series), "{metrics}");
     // Other counters still go to Redis.
-    should_rate_limit(
-        &mut client,
-        request("calls", vec![descriptor(&[("k", "cold")])]),
-    )
-    .await;
+    domain.hit("k=cold").await;
     assert_eq!(script_calls(&redis), calls + 1);
 }
 
@@ -145,7 +118,6 @@ async fn sentinel_leads_to_the_master() {
     let sentinel = RedisSentinel::start(&master, "sluice-master");
     let url = format!("sluice-master,{}", sentinel.addr());
     let server = server(url, RedisKind::Sentinel, 0).await;
-    let mut client = server.client().await;
     // A loaded machine may let the first connection through the Sentinel take a moment
     // (answered by the failure policy meanwhile): wait until one request is counted.
     let calls = server.domain("calls");
@@ -153,18 +125,10 @@ async fn sentinel_leads_to_the_master() {
         calls.hit("k=first").await.remaining()[0] < 3
     })
     .await;
-    let remaining: Vec<u32> = {
-        let mut out = Vec::new();
-        for _ in 0..3 {
-            let r = should_rate_limit(
-                &mut client,
-                request("calls", vec![descriptor(&[("k", "s")])]),
-            )
-            .await;
-            out.push(r.statuses[0].limit_remaining);
-        }
-        out
-    };
+    let mut remaining = Vec::new();
+    for _ in 0..3 {
+        remaining.extend(calls.hit("k=s").await.remaining());
+    }
     assert_eq!(remaining, [2, 1, 0]);
     assert!(script_calls(&master) >= 3, "counted on the master");
 }
@@ -173,13 +137,11 @@ async fn sentinel_leads_to_the_master() {
 async fn every_counter_key_expires_with_its_window() {
     let redis = RedisServer::start();
     let server = server(redis.url(), RedisKind::Single, 0).await;
-    let mut client = server.client().await;
+    let calls = server.domain("calls");
     for value in ["a", "b|c", "d=e"] {
-        should_rate_limit(
-            &mut client,
-            request("calls", vec![descriptor(&[("j", value)])]),
-        )
-        .await;
+        // Values with the spec's separators, so built by hand.
+        let request = request("calls", vec![descriptor(&[("j", value)])]);
+        calls.send(request).await.unwrap();
     }
     let keys = redis.command(&["KEYS", "calls:*"]);
     let names: Vec<&str> = keys.lines().filter(|l| l.starts_with("calls:")).collect();
@@ -215,19 +177,11 @@ async fn a_unix_socket_works() {
         .unwrap();
     eventually_blocking("redis opens its socket", || socket.exists());
     let server = server(socket.display().to_string(), RedisKind::Single, 0).await;
-    let mut client = server.client().await;
-    let remaining: Vec<u32> = {
-        let mut out = Vec::new();
-        for _ in 0..2 {
-            let r = should_rate_limit(
-                &mut client,
-                request("calls", vec![descriptor(&[("k", "unix")])]),
-            )
-            .await;
-            out.push(r.statuses[0].limit_remaining);
-        }
-        out
-    };
+    let calls = server.domain("calls");
+    let mut remaining = Vec::new();
+    for _ in 0..2 {
+        remaining.extend(calls.hit("k=unix").await.remaining());
+    }
     assert_eq!(remaining, [2, 1]);
     let _ = child.kill();
     let _ = child.wait();
@@ -292,16 +246,11 @@ async fn redis_auth_is_a_password_or_a_user_and_password() {
         (None, false),
     ] {
         let server = server_with_auth(redis.url(), RedisKind::Single, 0, auth).await;
-        let mut client = server.client().await;
-        let value = format!("auth-{auth:?}");
+        let calls = server.domain("calls");
+        let spec = format!("j=auth-{}", auth.unwrap_or("none"));
         let mut remaining = Vec::new();
         for _ in 0..2 {
-            let r = should_rate_limit(
-                &mut client,
-                request("calls", vec![descriptor(&[("j", &value)])]),
-            )
-            .await;
-            remaining.push(r.statuses[0].limit_remaining);
+            remaining.extend(calls.hit(&spec).await.remaining());
         }
         // Counted: 99 then 98. Refused by Redis: the failure policy (allow) answers 100.
         let expected = if counted {
