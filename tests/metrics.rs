@@ -26,24 +26,15 @@ fn value(page: &str, series: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_exactly_the_hits_sent_per_rule() {
-    let server = TestServer::start(&[("shop.yaml", CONFIG)]).await;
-    let mut client = server.client().await;
+    let server = TestServer::with_config(CONFIG).await;
+    let shop = server.domain("shop");
     for i in 0..8 {
-        should_rate_limit(
-            &mut client,
-            request("shop", vec![descriptor(&[("api_key", "secret-key-1")])]),
-        )
-        .await;
+        shop.hit("api_key=secret-key-1").await;
         if i < 3 {
-            let d = descriptor(&[("remote_address", "203.0.113.9"), ("path", "/login")]);
-            should_rate_limit(&mut client, request("shop", vec![d])).await;
+            shop.hit("remote_address=203.0.113.9,path=/login").await;
         }
     }
-    should_rate_limit(
-        &mut client,
-        request("nowhere", vec![descriptor(&[("a", "b")])]),
-    )
-    .await;
+    server.domain("nowhere").hit("a=b").await;
     let (status, page) = http_get(server.http_addr, "/metrics").await.unwrap();
     assert_eq!(status, 200);
     let api = r#"{domain="shop",key1="api_key",key2="",rule="shop.api_key"}"#;
@@ -98,8 +89,8 @@ async fn metrics_count_exactly_the_hits_sent_per_rule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_requests_count_as_service_errors_as_in_the_reference() {
-    let server = TestServer::start(&[("shop.yaml", CONFIG)]).await;
-    let mut client = server.client().await;
+    let server = TestServer::with_config(CONFIG).await;
+    let shop = server.domain("shop");
     let error = |page: &str, kind: &str| {
         value(
             page,
@@ -108,11 +99,8 @@ async fn invalid_requests_count_as_service_errors_as_in_the_reference() {
     };
     let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
     assert_eq!(error(&page, "service_error"), Some(0), "{page}");
-    for bad in [
-        request("", vec![descriptor(&[("a", "b")])]),
-        request("shop", vec![]),
-    ] {
-        let status = client.should_rate_limit(bad).await.unwrap_err();
+    for bad in [server.domain("").request("a=b"), shop.request("")] {
+        let status = shop.send(bad).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
     }
     let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
@@ -123,14 +111,10 @@ async fn invalid_requests_count_as_service_errors_as_in_the_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_with_several_limits_counts_each_hit_once() {
     let config = "domain: multi\ndescriptors:\n  - key: tenant\n    rate_limits:\n      - {unit: hour, requests_per_unit: 4}\n      - {unit: day, requests_per_unit: 100}\n";
-    let server = TestServer::start(&[("multi.yaml", config)]).await;
-    let mut client = server.client().await;
+    let server = TestServer::with_config(config).await;
+    let multi = server.domain("multi");
     for _ in 0..6 {
-        should_rate_limit(
-            &mut client,
-            request("multi", vec![descriptor(&[("tenant", "t")])]),
-        )
-        .await;
+        multi.hit("tenant=t").await;
     }
     let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
     let labels = r#"{domain="multi",key1="tenant",key2="",rule="multi.tenant"}"#;
