@@ -107,7 +107,26 @@ pub fn incoming(
     listener: TcpListener,
     limits: ConnectionLimits,
 ) -> ReceiverStream<io::Result<Guarded<TcpStream>>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    accept_into(listener, limits, 16, |accepted, tx| async move {
+        let guarded = Guarded::new(accepted.stream, accepted.permit, accepted.deadline);
+        tx.send(Ok(guarded)).await.is_ok()
+    })
+}
+
+/// Accepts on `listener` within `limits` and hands each connection to `each`, with the
+/// sending half of the returned stream (`capacity` connections deep), until `each` answers
+/// `false` or the server drops the stream. Shared by the plaintext and TLS listeners.
+pub fn accept_into<T, F>(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    capacity: usize,
+    mut each: impl FnMut(Accepted, tokio::sync::mpsc::Sender<T>) -> F + Send + 'static,
+) -> ReceiverStream<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = bool> + Send,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(capacity);
     let mut acceptor = Acceptor::new(listener, limits);
     tokio::spawn(async move {
         loop {
@@ -115,8 +134,7 @@ pub fn incoming(
                 accepted = acceptor.accept() => accepted,
                 _ = tx.closed() => return,
             };
-            let guarded = Guarded::new(accepted.stream, accepted.permit, accepted.deadline);
-            if tx.send(Ok(guarded)).await.is_err() {
+            if !each(accepted, tx.clone()).await {
                 return;
             }
         }

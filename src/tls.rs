@@ -20,7 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 
-use crate::connection::{Acceptor, ConnectionLimits, Guarded};
+use crate::connection::{ConnectionLimits, Guarded, accept_into};
 
 /// How often the certificate files are checked for changes, at most.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -142,30 +142,22 @@ pub fn incoming(
     tls: Arc<ReloadingTls>,
     limits: ConnectionLimits,
 ) -> ReceiverStream<Result<Guarded<TlsStream<TcpStream>>, std::io::Error>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(128);
-    let mut acceptor = Acceptor::new(listener, limits);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                accepted = acceptor.accept() => accepted,
-                _ = tx.closed() => return,
-            };
-            let acceptor = TlsAcceptor::from(tls.config());
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let peer = accepted.stream.peer_addr().ok();
-                let handshake = acceptor.accept(accepted.stream);
-                match tokio::time::timeout_at(accepted.deadline, handshake).await {
-                    Ok(Ok(tls_stream)) => {
-                        // The rest of the deadline is for the HTTP/2 preface.
-                        let guarded = Guarded::new(tls_stream, accepted.permit, accepted.deadline);
-                        let _ = tx.send(Ok(guarded)).await;
-                    }
-                    Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(?peer, "TLS handshake timed out"),
+    // Handshakes run on their own tasks: a slow one must not hold up the next accept.
+    accept_into(listener, limits, 128, move |accepted, tx| {
+        let acceptor = TlsAcceptor::from(tls.config());
+        tokio::spawn(async move {
+            let peer = accepted.stream.peer_addr().ok();
+            let handshake = acceptor.accept(accepted.stream);
+            match tokio::time::timeout_at(accepted.deadline, handshake).await {
+                Ok(Ok(tls_stream)) => {
+                    // The rest of the deadline is for the HTTP/2 preface.
+                    let guarded = Guarded::new(tls_stream, accepted.permit, accepted.deadline);
+                    let _ = tx.send(Ok(guarded)).await;
                 }
-            });
-        }
-    });
-    ReceiverStream::new(rx)
+                Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(?peer, "TLS handshake timed out"),
+            }
+        });
+        std::future::ready(true)
+    })
 }

@@ -2,10 +2,7 @@
 
 use super::*;
 use crate::clock::SystemClock;
-use crate::config::{LoadOptions, load_sources};
 use crate::limiter::LimiterOptions;
-use crate::store::MemoryStore;
-use crate::store::memory::MemoryOptions;
 use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
@@ -13,12 +10,10 @@ use tower::ServiceExt;
 
 fn state(serving: bool) -> AdminState {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: z\n    rate_limit: {unlimited: true}\n";
-    let policy = load_sources(&[("d.yaml".into(), yaml.into())], LoadOptions::default()).unwrap();
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
-    let limiter = Arc::new(Limiter::new(
-        Arc::new(policy),
-        Arc::new(store),
+    let limiter = Arc::new(Limiter::for_tests(
+        yaml,
         LimiterOptions::default(),
+        Arc::new(SystemClock),
     ));
     let health = Arc::new(Health::default());
     health.set_serving(serving);

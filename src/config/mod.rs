@@ -77,6 +77,13 @@ pub fn load_dir(dir: &Path, options: LoadOptions) -> Result<Loaded, Vec<ConfigEr
     }
 }
 
+/// The policy of one config file holding `yaml`; panics on config errors. For unit tests.
+#[cfg(test)]
+pub(crate) fn policy_for_tests(yaml: &str) -> Policy {
+    load_sources(&[("test.yaml".into(), yaml.into())], LoadOptions::default())
+        .unwrap_or_else(|errors| panic!("{errors:?}"))
+}
+
 /// Compiles in-memory config files, given as `(file name, YAML text)`, into a policy.
 pub fn load_sources(
     sources: &[(String, String)],

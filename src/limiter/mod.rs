@@ -97,6 +97,21 @@ enum Plan<'p> {
     },
 }
 
+#[cfg(test)]
+impl Limiter {
+    /// A limiter over one config file holding `yaml`, on a memory store reading `clock`. For
+    /// unit tests.
+    pub(crate) fn for_tests(
+        yaml: &str,
+        options: LimiterOptions,
+        clock: Arc<dyn crate::clock::Clock>,
+    ) -> Self {
+        let policy = crate::config::policy_for_tests(yaml);
+        let store = crate::store::MemoryStore::new(Default::default(), clock);
+        Self::new(Arc::new(policy), Arc::new(store), options)
+    }
+}
+
 impl Limiter {
     /// A limiter over `policy`, counting in `store`.
     pub fn new(policy: Arc<Policy>, store: Arc<dyn Store>, options: LimiterOptions) -> Self {

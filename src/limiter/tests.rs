@@ -5,10 +5,7 @@
 use super::*;
 use crate::algorithm::SECOND;
 use crate::clock::ManualClock;
-use crate::config::{LoadOptions, load_sources};
 use crate::policy::Unit;
-use crate::store::MemoryStore;
-use crate::store::memory::MemoryOptions;
 
 const CONFIG: &str = r#"
 domain: d
@@ -38,13 +35,8 @@ descriptors:
 const START: u64 = 1_700_000_000 * SECOND - (1_700_000_000 % 60) * SECOND + 10 * SECOND;
 
 fn limiter_with(options: LimiterOptions) -> (Limiter, Arc<ManualClock>) {
-    let policy = load_sources(&[("d.yaml".into(), CONFIG.into())], LoadOptions::default()).unwrap();
     let clock = Arc::new(ManualClock::new(START));
-    let store = MemoryStore::new(MemoryOptions::default(), clock.clone());
-    (
-        Limiter::new(Arc::new(policy), Arc::new(store), options),
-        clock,
-    )
+    (Limiter::for_tests(CONFIG, options, clock.clone()), clock)
 }
 
 fn limiter() -> (Limiter, Arc<ManualClock>) {
@@ -52,17 +44,7 @@ fn limiter() -> (Limiter, Arc<ManualClock>) {
 }
 
 fn descriptor(entries: &[(&str, &str)], hits: i64) -> Descriptor {
-    Descriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        limit: None,
-        hits,
-    }
+    Descriptor::of(entries, hits)
 }
 
 fn request(descriptors: Vec<Descriptor>) -> Request {
@@ -341,8 +323,7 @@ async fn malformed_requests_are_invalid_arguments() {
 async fn a_new_policy_applies_to_the_next_request() {
     let (limiter, _) = limiter();
     let strict = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
-    let policy = load_sources(&[("d.yaml".into(), strict.into())], LoadOptions::default()).unwrap();
-    limiter.set_policy(Arc::new(policy));
+    limiter.set_policy(Arc::new(crate::config::policy_for_tests(strict)));
     assert_eq!(
         check(&limiter, one("user", "z")).await.statuses[0].remaining,
         0
@@ -368,11 +349,8 @@ async fn global_quota_mode_treats_unlimited_descriptors_as_within_quota() {
 #[tokio::test]
 async fn priority_classes_share_one_counter_up_to_their_share() {
     let yaml = "domain: shed\ndescriptors:\n  - key: priority\n    priorities: {critical: 1.0, low: 0.5}\n    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: concurrency}\n";
-    let policy =
-        load_sources(&[("shed.yaml".into(), yaml.into())], LoadOptions::default()).unwrap();
     let clock = Arc::new(ManualClock::new(START));
-    let store = MemoryStore::new(MemoryOptions::default(), clock);
-    let limiter = Limiter::new(Arc::new(policy), Arc::new(store), LimiterOptions::default());
+    let limiter = Limiter::for_tests(yaml, LimiterOptions::default(), clock);
     let ask = |class: &str, hits: i64| Request {
         domain: "shed".into(),
         descriptors: vec![descriptor(&[("priority", class)], hits)],

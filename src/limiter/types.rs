@@ -26,6 +26,25 @@ pub struct Descriptor {
     pub hits: i64,
 }
 
+#[cfg(test)]
+impl Descriptor {
+    /// A descriptor of `(key, value)` entries charging `hits`, without an override. For unit
+    /// tests.
+    pub(crate) fn of(entries: &[(&str, &str)], hits: i64) -> Self {
+        Self {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            limit: None,
+            hits,
+        }
+    }
+}
+
 /// One descriptor entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {

@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::clock::SystemClock;
-use crate::config::{LoadOptions, load_sources};
-use crate::limiter::{Descriptor, Entry, Limiter, LimiterOptions, Request};
+use crate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
 use crate::store::memory::MemoryOptions;
 use crate::store::{MemoryStore, Store};
 
@@ -29,27 +28,19 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
 "#;
 
+/// A limiter over `yaml` with `options`, observed by `metrics`.
+fn observed(yaml: &str, options: LimiterOptions, metrics: &Arc<Metrics>) -> Limiter {
+    Limiter::for_tests(yaml, options, Arc::new(SystemClock)).with_observer(metrics.clone())
+}
+
 fn limiter(metrics: &Arc<Metrics>) -> Limiter {
-    let policy = load_sources(&[("m.yaml".into(), CONFIG.into())], LoadOptions::default()).unwrap();
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
-    Limiter::new(Arc::new(policy), Arc::new(store), LimiterOptions::default())
-        .with_observer(metrics.clone())
+    observed(CONFIG, LimiterOptions::default(), metrics)
 }
 
 fn request(entries: &[(&str, &str)], hits: i64) -> Request {
     Request {
         domain: "m".into(),
-        descriptors: vec![Descriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: (*k).into(),
-                    value: (*v).into(),
-                })
-                .collect(),
-            limit: None,
-            hits,
-        }],
+        descriptors: vec![Descriptor::of(entries, hits)],
     }
 }
 
@@ -157,9 +148,7 @@ async fn series_of_removed_rules_disappear_after_a_reload() {
     limiter.check(&request(&[("user", "x")], 1)).await.unwrap();
     assert!(metrics.render(&status()).contains(r#"rule="m.user""#));
     let smaller = "domain: m\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
-    let policy =
-        load_sources(&[("m.yaml".into(), smaller.into())], LoadOptions::default()).unwrap();
-    metrics.retain_rules(&policy);
+    metrics.retain_rules(&crate::config::policy_for_tests(smaller));
     assert!(!metrics.render(&status()).contains(r#"rule="m.user""#));
 }
 
@@ -175,11 +164,8 @@ fn long_runtime_values_are_shortened_in_labels() {
 
 /// The `rule` label the hits of `entries` are counted under, with `config` in force.
 async fn series_name(config: &str, entries: &[(&str, &str)]) -> String {
-    let policy = load_sources(&[("v.yaml".into(), config.into())], LoadOptions::default()).unwrap();
     let metrics = Arc::new(Metrics::new(0.8, 100));
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
-    let limiter = Limiter::new(Arc::new(policy), Arc::new(store), LimiterOptions::default())
-        .with_observer(metrics.clone());
+    let limiter = observed(config, LimiterOptions::default(), &metrics);
     limiter.check(&request(entries, 1)).await.unwrap();
     let text = metrics.render(&status());
     let line = text
@@ -307,11 +293,8 @@ descriptors:
 /// `user` counter of 20 per hour already holding `used`.
 async fn split(used: i64, hits: i64) -> [u64; 3] {
     let config = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 20}\n";
-    let policy = load_sources(&[("s.yaml".into(), config.into())], LoadOptions::default()).unwrap();
     let metrics = Arc::new(Metrics::new(0.8, 100));
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
-    let limiter = Limiter::new(Arc::new(policy), Arc::new(store), LimiterOptions::default())
-        .with_observer(metrics.clone());
+    let limiter = observed(config, LimiterOptions::default(), &metrics);
     let read = || {
         let text = metrics.render(&status());
         let labels = r#"domain="m",key1="user",key2="",rule="m.user""#;
@@ -384,14 +367,11 @@ async fn unknown_domains_are_counted_per_domain_up_to_a_cap() {
 #[tokio::test]
 async fn the_global_shadow_mode_counts_the_requests_it_let_through() {
     let metrics = Arc::new(Metrics::new(0.8, 100));
-    let policy = load_sources(&[("m.yaml".into(), CONFIG.into())], LoadOptions::default()).unwrap();
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
     let options = LimiterOptions {
         shadow_mode: true,
         ..LimiterOptions::default()
     };
-    let limiter =
-        Limiter::new(Arc::new(policy), Arc::new(store), options).with_observer(metrics.clone());
+    let limiter = observed(CONFIG, options, &metrics);
     for _ in 0..13 {
         let response = limiter.check(&request(&[("user", "u")], 1)).await.unwrap();
         assert_eq!(response.code, crate::limiter::Code::Ok);

@@ -3,10 +3,7 @@
 use super::ResponseOptions;
 use super::*;
 use crate::clock::SystemClock;
-use crate::config::{LoadOptions, load_sources};
 use crate::limiter::LimiterOptions;
-use crate::store::MemoryStore;
-use crate::store::memory::MemoryOptions;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -14,15 +11,14 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;
 
+/// A limiter over `yaml` on a memory store.
+fn limiter(yaml: &str) -> Limiter {
+    Limiter::for_tests(yaml, LimiterOptions::default(), Arc::new(SystemClock))
+}
+
 fn service() -> RlsService {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2, name: two}\n";
-    let policy = load_sources(&[("d.yaml".into(), yaml.into())], LoadOptions::default()).unwrap();
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
-    RlsService::new(Arc::new(Limiter::new(
-        Arc::new(policy),
-        Arc::new(store),
-        LimiterOptions::default(),
-    )))
+    RlsService::new(Arc::new(limiter(yaml)))
 }
 
 fn descriptor(value: &str) -> RateLimitDescriptor {
@@ -201,13 +197,7 @@ descriptors:
     metadata: {never: shown}
     rate_limit: {unit: hour, requests_per_unit: 0}
 "#;
-    let policy = load_sources(&[("d.yaml".into(), yaml.into())], LoadOptions::default()).unwrap();
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
-    let limiter = Arc::new(Limiter::new(
-        Arc::new(policy),
-        Arc::new(store),
-        LimiterOptions::default(),
-    ));
+    let limiter = Arc::new(limiter(yaml));
     let service = RlsService::with_options(
         limiter,
         ResponseOptions {
