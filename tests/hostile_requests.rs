@@ -248,49 +248,36 @@ async fn undecodable_and_oversized_messages_are_client_faults_and_counted_as_suc
 /// Absurd hits on every algorithm: refused or charged as if they were the capacity plus one,
 /// and the counter stays usable afterwards.
 async fn huge_hits_change_nothing_beyond_the_limit(server: &TestServer) {
-    let mut client = server.client().await;
+    let hostile = server.domain("hostile");
     let huge = i64::MAX as u64;
-    let ask = |d| request("hostile", vec![d]);
+    // One descriptor with more hits than the request's u32 `hits_addend` can carry.
+    let absurd = async |spec: &str, hits: u64, negative: bool| {
+        let mut request = hostile.request(spec);
+        request.descriptors[0] = with_hits(request.descriptors[0].clone(), hits, negative);
+        common::Decision(hostile.send(request).await.unwrap())
+    };
     for key in ["user", "bucket"] {
-        let r = should_rate_limit(
-            &mut client,
-            ask(with_hits(descriptor(&[(key, "h")]), huge, false)),
-        )
-        .await;
-        assert_eq!(r.overall_code, Code::OverLimit as i32, "{key}");
+        let spec = format!("{key}=h");
+        assert!(absurd(&spec, huge, false).await.is_over_limit(), "{key}");
         // Nothing was charged: the whole budget is still there.
-        let r = should_rate_limit(&mut client, ask(descriptor(&[(key, "h")]))).await;
-        assert_eq!(r.overall_code, Code::Ok as i32, "{key}");
+        assert!(hostile.hit(&spec).await.is_ok(), "{key}");
         // A refund of 2^64 - 1 empties the counter and no more.
-        let r = should_rate_limit(
-            &mut client,
-            ask(with_hits(descriptor(&[(key, "h")]), u64::MAX, true)),
-        )
-        .await;
-        assert_eq!(r.overall_code, Code::Ok as i32, "{key}");
-        let r = should_rate_limit(&mut client, ask(descriptor(&[(key, "h")]))).await;
-        assert_eq!(r.overall_code, Code::Ok as i32);
-        assert_eq!(
-            r.statuses[0].limit_remaining,
-            if key == "user" { 9 } else { 4 },
-            "{key}"
-        );
+        assert!(absurd(&spec, u64::MAX, true).await.is_ok(), "{key}");
+        let r = hostile.hit(&spec).await;
+        assert!(r.is_ok());
+        assert_eq!(r.remaining(), [if key == "user" { 9 } else { 4 }], "{key}");
     }
     // Concurrency counts refused acquisitions (their releases will come): 2^63 counts as 6.
-    let jobs = || descriptor(&[("jobs", "j")]);
-    let r = should_rate_limit(&mut client, ask(with_hits(jobs(), huge, false))).await;
-    assert_eq!(r.overall_code, Code::OverLimit as i32);
-    let r = should_rate_limit(&mut client, ask(jobs())).await;
-    assert_eq!(
-        r.overall_code,
-        Code::OverLimit as i32,
+    assert!(absurd("jobs=j", huge, false).await.is_over_limit());
+    assert!(
+        hostile.hit("jobs=j").await.is_over_limit(),
         "6 of 5 are in flight"
     );
     // Its release brings the count back to 1 (the acquisition above), not below zero.
-    should_rate_limit(&mut client, ask(with_hits(jobs(), huge, true))).await;
-    let r = should_rate_limit(&mut client, ask(jobs())).await;
-    assert_eq!(r.overall_code, Code::Ok as i32);
-    assert_eq!(r.statuses[0].limit_remaining, 3, "1 + 1 of 5 in flight");
+    absurd("jobs=j", huge, true).await;
+    let r = hostile.hit("jobs=j").await;
+    assert!(r.is_ok());
+    assert_eq!(r.remaining(), [3], "1 + 1 of 5 in flight");
 }
 
 #[tokio::test]
@@ -308,7 +295,7 @@ async fn huge_hits_are_clamped_on_redis_and_poison_no_key() {
     // two are in flight, stored as a plain small count.
     let stored = redis.command(&["GET", "hostile|jobs=j|60s:cc"]);
     assert!(stored.ends_with("\n2"), "{stored:?}");
-    let mut client = server.client().await;
+    let client = server.client().await;
     // Requests sharing script calls with poisoned ones are answered normally.
     let mut tasks = Vec::new();
     for i in 0..200 {
@@ -345,12 +332,10 @@ async fn huge_hits_are_clamped_on_redis_and_poison_no_key() {
         Code::Ok,
         Code::OverLimit,
     ] {
-        let r = should_rate_limit(
-            &mut client,
-            request("hostile", vec![descriptor(&[("jobs", "hand")])]),
-        )
-        .await;
-        assert_eq!(r.overall_code, expected as i32);
+        assert_eq!(
+            server.domain("hostile").hit("jobs=hand").await.code(),
+            expected
+        );
     }
 }
 
@@ -359,33 +344,19 @@ async fn a_key_flood_fills_the_store_visibly_and_real_limits_hold() {
     let mut settings = Settings::for_tests(config_dir("flood", &[("hostile.yaml", CONFIG)]));
     settings.memory.max_keys = 1_000;
     let server = TestServer::start_with(settings).await;
-    let client = server.client().await;
+    let hostile = server.domain("hostile");
     let mut admitted = [0u32; 5];
     for round in 0..15 {
-        let mut c = client.clone();
         for (u, count) in admitted.iter_mut().enumerate() {
-            let r = should_rate_limit(
-                &mut c,
-                request(
-                    "hostile",
-                    vec![descriptor(&[("user", &format!("real{u}"))])],
-                ),
-            )
-            .await;
-            *count += u32::from(r.overall_code == Code::Ok as i32);
+            *count += u32::from(hostile.hit(&format!("user=real{u}")).await.is_ok());
         }
         // 400 one-hit keys per round from 4 concurrent clients (a header the attacker varies).
         let mut flood = Vec::new();
         for t in 0..4 {
-            let mut c = client.clone();
+            let hostile = hostile.clone();
             flood.push(tokio::spawn(async move {
                 for i in 0..100 {
-                    let value = format!("flood-{round}-{t}-{i}");
-                    should_rate_limit(
-                        &mut c,
-                        request("hostile", vec![descriptor(&[("user", &value)])]),
-                    )
-                    .await;
+                    hostile.hit(&format!("user=flood-{round}-{t}-{i}")).await;
                 }
             }));
         }
@@ -410,23 +381,15 @@ async fn a_key_flood_fills_the_store_visibly_and_real_limits_hold() {
 /// 64 descriptors on one counter: each sees the ones before it (found by key, not by a
 /// scan), the request is refused as a whole and charges nothing.
 async fn a_request_at_the_bound_on_one_counter_is_decided_whole(server: &TestServer) {
-    let mut client = server.client().await;
-    let same = (0..64).map(|_| descriptor(&[("user", "same")])).collect();
-    let r = should_rate_limit(&mut client, request("hostile", same)).await;
-    assert_eq!(r.overall_code, Code::OverLimit as i32);
-    let ok = r
-        .statuses
-        .iter()
-        .filter(|s| s.code == Code::Ok as i32)
-        .count();
+    let hostile = server.domain("hostile");
+    let same = vec!["user=same"; 64].join(" | ");
+    let r = hostile.hit(&same).await;
+    assert!(r.is_over_limit());
+    let ok = r.codes().iter().filter(|&&c| c == Code::Ok).count();
     assert_eq!(ok, 10, "the first 10 fit the limit of 10");
-    let r = should_rate_limit(
-        &mut client,
-        request("hostile", vec![descriptor(&[("user", "same")])]),
-    )
-    .await;
     assert_eq!(
-        r.statuses[0].limit_remaining, 9,
+        hostile.hit("user=same").await.remaining(),
+        [9],
         "the refused request charged nothing"
     );
 }
