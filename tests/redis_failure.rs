@@ -7,14 +7,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::redis::RedisServer;
-use common::{TestServer, config_dir, descriptor, http_get, request, should_rate_limit};
+use common::{TestServer, config_dir, descriptor, http_get, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::resilient::ResilienceOptions;
-use tonic::transport::Channel;
 
 const OPEN: &str = "domain: open\nfailure_mode: allow\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 2}\n";
 const CLOSED: &str = "domain: closed\nfailure_mode: deny\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 2}\n";
@@ -54,14 +52,9 @@ async fn server_with_deadline(redis: &RedisServer, deadline: Duration) -> TestSe
 
 /// One request; panics on a gRPC error (the failure policy must answer, not fail) or on an
 /// answer that took longer than a few deadlines.
-async fn ask(
-    client: &mut RateLimitServiceClient<Channel>,
-    domain: &str,
-    value: &str,
-) -> RateLimitResponse {
+async fn ask(server: &TestServer, domain: &str, value: &str) -> RateLimitResponse {
     let started = Instant::now();
-    let response =
-        should_rate_limit(client, request(domain, vec![descriptor(&[("k", value)])])).await;
+    let response = server.domain(domain).hit(&format!("k={value}")).await.0;
     let took = started.elapsed();
     assert!(took < DEADLINE * 10, "{domain}/{value} took {took:?}");
     response
@@ -72,17 +65,11 @@ fn ok(r: &RateLimitResponse) -> bool {
 }
 
 /// Sends requests until the store answers again (the admin page shows the breaker closed).
-async fn wait_until_counting(
-    server: &TestServer,
-    client: &mut RateLimitServiceClient<Channel>,
-) -> Duration {
-    common::eventually_within(Duration::from_secs(10), "counting resumes", || {
-        let mut client = client.clone();
-        async move {
-            ask(&mut client, "open", "probe").await;
-            let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
-            page.contains("# store: redis, ok;")
-        }
+async fn wait_until_counting(server: &TestServer) -> Duration {
+    common::eventually_within(Duration::from_secs(10), "counting resumes", || async move {
+        ask(server, "open", "probe").await;
+        let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+        page.contains("# store: redis, ok;")
     })
     .await
 }
@@ -91,23 +78,22 @@ async fn wait_until_counting(
 async fn a_paused_redis_costs_no_waiting_and_follows_each_failure_mode() {
     let redis = RedisServer::start();
     let server = server(&redis).await;
-    let mut client = server.client().await;
     assert_eq!(
-        ask(&mut client, "open", "a").await.statuses[0].limit_remaining,
+        ask(&server, "open", "a").await.statuses[0].limit_remaining,
         1
     );
 
     redis.pause();
     // allow: fail open.
     for _ in 0..5 {
-        assert!(ok(&ask(&mut client, "open", "a").await));
+        assert!(ok(&ask(&server, "open", "a").await));
     }
     // deny: fail closed, telling the client to come back.
-    let denied = ask(&mut client, "closed", "a").await;
+    let denied = ask(&server, "closed", "a").await;
     assert!(!ok(&denied));
     assert_eq!(denied.response_headers_to_add[0].key, "retry-after");
     // local: this instance's share of the limit (6 / 3 instances = 2).
-    let local: Vec<bool> = answers(&mut client, "local", "a", 4).await;
+    let local: Vec<bool> = answers(&server, "local", "a", 4).await;
     assert_eq!(local, [true, true, false, false]);
     // Kubernetes must not kill the pod for Redis's outage.
     assert_eq!(
@@ -138,60 +124,54 @@ async fn a_paused_redis_costs_no_waiting_and_follows_each_failure_mode() {
     );
 
     redis.resume();
-    let took = wait_until_counting(&server, &mut client).await;
+    let took = wait_until_counting(&server).await;
     assert!(
         took < Duration::from_secs(2),
         "counting resumed after {took:?}"
     );
     assert_eq!(
-        ask(&mut client, "open", "fresh").await.statuses[0].limit_remaining,
+        ask(&server, "open", "fresh").await.statuses[0].limit_remaining,
         1
     );
     assert_eq!(
-        ask(&mut client, "open", "fresh").await.statuses[0].limit_remaining,
+        ask(&server, "open", "fresh").await.statuses[0].limit_remaining,
         0
     );
-    assert!(!ok(&ask(&mut client, "open", "fresh").await));
-    assert!(ok(&ask(&mut client, "closed", "fresh").await));
+    assert!(!ok(&ask(&server, "open", "fresh").await));
+    assert!(ok(&ask(&server, "closed", "fresh").await));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_empty_redis_is_used_again_without_errors() {
     let mut redis = RedisServer::start();
     let server = server(&redis).await;
-    let mut client = server.client().await;
-    assert!(ok(&ask(&mut client, "open", "a").await));
-    assert!(ok(&ask(&mut client, "open", "a").await));
-    assert!(!ok(&ask(&mut client, "open", "a").await));
+    assert!(ok(&ask(&server, "open", "a").await));
+    assert!(ok(&ask(&server, "open", "a").await));
+    assert!(!ok(&ask(&server, "open", "a").await));
 
     redis.kill();
     for _ in 0..5 {
         assert!(
-            ok(&ask(&mut client, "open", "a").await),
+            ok(&ask(&server, "open", "a").await),
             "fail open while redis is down"
         );
     }
     redis.restart();
-    wait_until_counting(&server, &mut client).await;
+    wait_until_counting(&server).await;
     // An empty server: the script is loaded again and counters start from zero. (The
     // requests admitted while it was down may reach it when it is back, and count: they
     // were admitted.)
     assert_eq!(
-        ask(&mut client, "open", "after").await.statuses[0].limit_remaining,
+        ask(&server, "open", "after").await.statuses[0].limit_remaining,
         1
     );
 }
 
 /// `count` requests one after the other; whether each was OK.
-async fn answers(
-    client: &mut RateLimitServiceClient<Channel>,
-    domain: &str,
-    value: &str,
-    count: usize,
-) -> Vec<bool> {
+async fn answers(server: &TestServer, domain: &str, value: &str, count: usize) -> Vec<bool> {
     let mut answers = Vec::with_capacity(count);
     for _ in 0..count {
-        answers.push(ok(&ask(client, domain, value).await));
+        answers.push(ok(&ask(server, domain, value).await));
     }
     answers
 }
@@ -201,7 +181,7 @@ async fn a_caller_deadline_shorter_than_the_stores_is_answered_by_the_failure_po
     let redis = RedisServer::start();
     let server = server_with_deadline(&redis, Duration::from_secs(2)).await;
     let mut client = server.client().await;
-    assert!(ok(&ask(&mut client, "open", "a").await));
+    assert!(ok(&ask(&server, "open", "a").await));
 
     redis.pause();
     // The caller waits 200 ms, less than the 2 s store deadline: it gets the failure
@@ -218,7 +198,7 @@ async fn a_caller_deadline_shorter_than_the_stores_is_answered_by_the_failure_po
         assert_eq!(ok(&answer), domain == "open", "{domain}");
     }
     redis.resume();
-    wait_until_counting(&server, &mut client).await;
+    wait_until_counting(&server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,16 +208,12 @@ async fn once_the_breaker_is_open_no_request_waits_and_a_background_probe_closes
     let deadline = Duration::from_secs(1);
     let redis = RedisServer::start();
     let server = server_with_deadline(&redis, deadline).await;
-    let mut client = server.client().await;
-    assert!(ok(&ask(&mut client, "open", "a").await));
+    assert!(ok(&ask(&server, "open", "a").await));
 
     redis.pause();
+    let open = server.domain("open");
     for _ in 0..3 {
-        should_rate_limit(
-            &mut client,
-            request("open", vec![descriptor(&[("k", "a")])]),
-        )
-        .await;
+        open.hit("k=a").await;
     }
     let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
     assert!(page.contains("circuit breaker open"), "{page}");
@@ -247,17 +223,12 @@ async fn once_the_breaker_is_open_no_request_waits_and_a_background_probe_closes
     let mut slowest = Duration::ZERO;
     while started.elapsed() < Duration::from_millis(600) {
         let one = Instant::now();
-        let answer = should_rate_limit(
-            &mut client,
-            request("open", vec![descriptor(&[("k", "b")])]),
-        )
-        .await;
-        assert!(ok(&answer));
+        assert!(open.hit("k=b").await.is_ok());
         slowest = slowest.max(one.elapsed());
     }
     assert!(slowest < deadline / 2, "a request waited {slowest:?}");
     redis.resume();
-    let took = wait_until_counting(&server, &mut client).await;
+    let took = wait_until_counting(&server).await;
     assert!(
         took < Duration::from_secs(2),
         "counting resumed after {took:?}"
@@ -268,8 +239,7 @@ async fn once_the_breaker_is_open_no_request_waits_and_a_background_probe_closes
 async fn redis_refusing_to_run_the_script_is_answered_by_each_failure_mode() {
     let redis = RedisServer::start();
     let server = server(&redis).await;
-    let mut client = server.client().await;
-    assert!(ok(&ask(&mut client, "closed", "a").await));
+    assert!(ok(&ask(&server, "closed", "a").await));
 
     // Out of memory, writes refused (OOM command not allowed): Redis answers at once, with
     // an error. Every answer follows the rule's failure_mode; none is a gRPC error (which
@@ -279,13 +249,10 @@ async fn redis_refusing_to_run_the_script_is_answered_by_each_failure_mode() {
     for i in 0..20 {
         let value = format!("oom{i}");
         assert!(
-            !ok(&ask(&mut client, "closed", &value).await),
+            !ok(&ask(&server, "closed", &value).await),
             "deny fails closed"
         );
-        assert!(
-            ok(&ask(&mut client, "open", &value).await),
-            "allow fails open"
-        );
+        assert!(ok(&ask(&server, "open", &value).await), "allow fails open");
     }
     let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
     assert!(page.contains("failing (circuit breaker open)"), "{page}");
@@ -298,9 +265,9 @@ async fn redis_refusing_to_run_the_script_is_answered_by_each_failure_mode() {
 
     // Memory back: counting resumes by itself.
     redis.command(&["CONFIG", "SET", "maxmemory", "0"]);
-    wait_until_counting(&server, &mut client).await;
+    wait_until_counting(&server).await;
     assert_eq!(
-        ask(&mut client, "closed", "after").await.statuses[0].limit_remaining,
+        ask(&server, "closed", "after").await.statuses[0].limit_remaining,
         1
     );
 }
@@ -323,7 +290,7 @@ async fn callers_with_tiny_deadlines_cannot_open_the_breaker_for_everyone() {
     let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
     assert!(page.contains("# store: redis, ok;"), "{page}");
     assert_eq!(
-        ask(&mut client, "closed", "other").await.statuses[0].limit_remaining,
+        ask(&server, "closed", "other").await.statuses[0].limit_remaining,
         1
     );
 }
@@ -345,21 +312,16 @@ async fn requests_past_the_in_flight_cap_wait_their_turn_and_are_all_answered() 
     };
     settings.grpc_max_in_flight = 1;
     let server = TestServer::start_with(settings).await;
-    let client = server.client().await;
     redis.pause();
     // Three requests at once, each held for the whole deadline by the paused Redis: with one
     // in flight at a time they are answered one after the other, none refused.
     let started = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..3 {
-        let mut client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            should_rate_limit(
-                &mut client,
-                request("open", vec![descriptor(&[("k", &format!("w{i}"))])]),
-            )
-            .await
-        }));
+        let open = server.domain("open");
+        tasks.push(tokio::spawn(
+            async move { open.hit(&format!("k=w{i}")).await.0 },
+        ));
     }
     for task in tasks {
         assert!(ok(&task.await.unwrap()), "answered by failure_mode: allow");
