@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis::RedisServer;
-use common::{TestServer, config_dir, descriptor, http_get, request, should_rate_limit};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use common::{TestServer, config_dir, http_get};
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
 use sluice::clock::{Clock, ManualClock};
 use sluice::settings::{Backend, Settings};
@@ -240,29 +239,18 @@ async fn a_dead_per_second_redis_leaves_the_main_redis_exact() {
     let main = RedisServer::start();
     let mut fast = RedisServer::start();
     let server = server(&main, &fast).await;
-    let mut client = server.client().await;
-    let burst = || request("split", vec![descriptor(&[("burst", "b")])]);
-    let hourly = || request("split", vec![descriptor(&[("hourly", "h")])]);
-    assert_eq!(
-        should_rate_limit(&mut client, burst()).await.overall_code,
-        Code::Ok as i32
-    );
+    let split = server.domain("split");
+    assert!(split.hit("burst=b").await.is_ok());
     fast.kill();
     // Denied by the failure policy (failure_mode: deny), however often.
     for _ in 0..5 {
-        assert_eq!(
-            should_rate_limit(&mut client, burst()).await.overall_code,
-            Code::OverLimit as i32
-        );
+        assert!(split.hit("burst=b").await.is_over_limit());
     }
     // The main Redis still decides: exactly 3 of 5 pass, with the true remaining.
     let mut remaining = Vec::new();
     for _ in 0..5 {
-        let answer = should_rate_limit(&mut client, hourly()).await;
-        remaining.push((
-            answer.overall_code == Code::Ok as i32,
-            answer.statuses[0].limit_remaining,
-        ));
+        let answer = split.hit("hourly=h").await;
+        remaining.push((answer.is_ok(), answer.remaining()[0]));
     }
     assert_eq!(
         remaining,

@@ -33,14 +33,8 @@ async fn until_rlconfig(server: &TestServer, needle: &str) -> Duration {
 }
 
 async fn remaining(server: &TestServer, domain: &str, key: &str, value: &str) -> u32 {
-    let mut client = server.client().await;
-    should_rate_limit(
-        &mut client,
-        request(domain, vec![descriptor(&[(key, value)])]),
-    )
-    .await
-    .statuses[0]
-        .limit_remaining
+    let decision = server.domain(domain).hit(&format!("{key}={value}")).await;
+    decision.remaining()[0]
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
@@ -97,7 +91,7 @@ async fn requests_and_health_checks_are_answered_while_a_slow_config_parses() {
     // One thread runs the server and this test: a reload parsing on it would stall both.
     let dir = config_dir("reload-slow", &[("r.yaml", FIVE)]);
     let server = server_on(&dir).await;
-    let mut client = server.client().await;
+    let r = server.domain("r");
     // Within the size and depth bounds, but seconds of parsing: 2.5 MiB of sequences nested
     // 61 deep. Not a config file mapping, so the reload is rejected once parsed.
     let line = format!("- {}{}\n", "[".repeat(60), "]".repeat(60));
@@ -106,15 +100,12 @@ async fn requests_and_health_checks_are_answered_while_a_slow_config_parses() {
     let patience = Duration::from_secs(3);
     let mut answered = 0;
     let page = loop {
-        let value = format!("v{answered}");
-        let ask = should_rate_limit(
-            &mut client,
-            request("r", vec![descriptor(&[("k", &value)])]),
-        );
+        let spec = format!("k=v{answered}");
+        let ask = r.hit(&spec);
         let answer = tokio::time::timeout(patience, ask)
             .await
             .expect("a request went unanswered during the reload");
-        assert_eq!(answer.statuses[0].limit_remaining, 4);
+        assert_eq!(answer.remaining(), [4]);
         let health = tokio::time::timeout(patience, http_get(server.http_addr, "/healthcheck"))
             .await
             .expect("a health check went unanswered during the reload");
