@@ -28,7 +28,7 @@ pub enum Command {
         /// The config directory
         dir: PathBuf,
         /// Merge files that declare the same domain
-        #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
+        #[arg(long, env = "MERGE_DOMAIN_CONFIG", require_equals = true)]
         merge_domain_config: bool,
     },
     /// Send one request and print the answer (exit 0 OK, 2 OVER_LIMIT, 1 error)

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use clap::{Arg, ArgAction};
 
-/// Gives every boolean argument of a command one shape: `--flag` (true), `--flag=false`,
-/// and in the flag or its variable the reference's `true/false/1/0` (see [`parse_bool`]).
-/// Applied with `#[command(mut_args = switch)]`, so a `bool` field needs only `long`, `env`
-/// and, when it is on by default, `default_value = "true"`.
+/// Gives every boolean argument of a command one shape: `--flag` (true), `--flag=false` or
+/// `--flag false`, and in the flag or its variable the reference's `true/false/1/0` (see
+/// [`parse_bool`]). Applied with `#[command(mut_args = switch)]`, so a `bool` field needs
+/// only `long`, `env` and, when it is on by default, `default_value = "true"`; where a
+/// positional argument follows, the field adds `require_equals = true`.
 pub fn switch(arg: Arg) -> Arg {
     if !matches!(arg.get_action(), ArgAction::SetTrue) {
         return arg;
@@ -22,7 +23,6 @@ pub fn switch(arg: Arg) -> Arg {
     arg.action(ArgAction::Set)
         .value_name("BOOL")
         .num_args(0..=1)
-        .require_equals(true)
         .default_value(if on { "true" } else { "false" })
         .default_missing_value("true")
         .value_parser(parse_bool)

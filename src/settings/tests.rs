@@ -203,6 +203,8 @@ fn every_boolean_is_a_switch_of_one_shape() {
     .unwrap();
     assert!(s.limiter.shadow_mode && s.merge_domains && s.limiter.quota_mode);
     assert!(!s.response.retry_after);
+    let s = settings(&["--redis-tls", "true", "--shadow-mode", "false"]).unwrap();
+    assert!(!s.limiter.shadow_mode);
     let err = settings(&["--redis-tls=maybe"]).unwrap_err();
     assert!(err.contains("--redis-tls"), "{err}");
 }
