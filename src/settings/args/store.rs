@@ -153,7 +153,7 @@ struct Connection {
     /// Id of the address argument, named in errors.
     url_id: &'static str,
     /// What needs the address, for the error when it is missing.
-    needed_by: &'static str,
+    needed_by: String,
     url: Option<String>,
     kind: RedisKind,
     auth: Option<String>,
@@ -193,10 +193,11 @@ impl StoreArgs {
         let redis_per_second = match (&redis, self.per_second.redis_persecond) {
             (_, false) => None,
             (None, true) => {
-                return Err(named(
-                    &["redis_persecond"],
-                    "needs the redis backend (REDIS_URL) for the other counters",
-                ));
+                let message = format!(
+                    "needs the redis backend ({}) for the other counters",
+                    super::env_name("redis_url")
+                );
+                return Err(named(&["redis_persecond"], message));
             }
             (Some(_), true) => Some(connect(self.per_second.connection(), &base)?),
         };
@@ -222,7 +223,7 @@ impl RedisArgs {
     fn connection(self) -> Connection {
         Connection {
             url_id: "redis_url",
-            needed_by: "the redis backend",
+            needed_by: "the redis backend".into(),
             url: self.redis_url,
             kind: self.redis_type,
             auth: self.redis_auth,
@@ -238,7 +239,7 @@ impl PerSecondArgs {
     fn connection(self) -> Connection {
         Connection {
             url_id: "redis_persecond_url",
-            needed_by: "REDIS_PERSECOND",
+            needed_by: super::env_name("redis_persecond"),
             url: self.redis_persecond_url,
             kind: self.redis_persecond_type,
             auth: self.redis_persecond_auth,
