@@ -351,7 +351,13 @@ impl Prepared {
         drain: &CancellationToken,
     ) -> Result<(tonic_health::server::HealthReporter, ServerFuture), AppError> {
         let (reporter, health_service) = tonic_health::server::health_reporter();
+        // GOAWAY at the age (tonic), the connection closed after the grace (`Guarded`): tonic's
+        // own grace replaces the GOAWAY by a bare close at age plus grace.
+        let (age, grace) = self.settings.grpc_max_connection_age;
+        let age = jittered(age);
+        let lifetime = Some(age.saturating_add(grace));
         let server = tonic::transport::Server::builder()
+            .max_connection_age(age)
             .http2_keepalive_interval(Some(GRPC_KEEPALIVE.0))
             .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
             .max_concurrent_streams(GRPC_MAX_STREAMS)
@@ -372,13 +378,13 @@ impl Prepared {
         let limits = self.settings.grpc_connections;
         let future: ServerFuture = match &self.settings.grpc_tls {
             None => {
-                let incoming = crate::connection::incoming(listener, limits);
+                let incoming = crate::connection::incoming(listener, limits, lifetime);
                 Box::pin(server.serve_with_incoming_shutdown(incoming, stop))
             }
             Some(files) => {
                 let tls = Arc::new(ReloadingTls::new(files.clone()).map_err(AppError::Serve)?);
                 tracing::info!(mutual = files.client_ca.is_some(), "gRPC over TLS");
-                let incoming = crate::tls::incoming(listener, tls, limits);
+                let incoming = crate::tls::incoming(listener, tls, limits, lifetime);
                 Box::pin(server.serve_with_incoming_shutdown(incoming, stop))
             }
         };
@@ -426,6 +432,17 @@ impl Prepared {
 }
 
 /// A server running until it is told to stop.
+/// `age` moved by up to ±10 %, differently in each process, so that the connections of pods
+/// started together do not all close at once. (The reference jitters each connection; tonic
+/// takes one age for all of a server's connections.)
+fn jittered(age: std::time::Duration) -> std::time::Duration {
+    use std::hash::BuildHasher as _;
+    // A random number without a dependency: the standard library seeds each RandomState.
+    let random = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    let factor = 0.9 + 0.2 * (random % 10_000) as f64 / 10_000.0;
+    age.mul_f64(factor)
+}
+
 /// The servers and tasks of a started service.
 struct Running {
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,

@@ -103,12 +103,15 @@ impl Acceptor {
 
 /// Plaintext connections accepted within `limits`, for tonic's `serve_with_incoming`.
 /// The accept loop ends when the server drops the stream.
+/// Each connection is closed `lifetime` after it was accepted, if given.
 pub fn incoming(
     listener: TcpListener,
     limits: ConnectionLimits,
+    lifetime: Option<Duration>,
 ) -> ReceiverStream<io::Result<Guarded<TcpStream>>> {
-    accept_into(listener, limits, 16, |accepted, tx| async move {
-        let guarded = Guarded::new(accepted.stream, accepted.permit, accepted.deadline);
+    accept_into(listener, limits, 16, move |accepted, tx| async move {
+        let guarded =
+            Guarded::new(accepted.stream, accepted.permit, accepted.deadline).living(lifetime);
         tx.send(Ok(guarded)).await.is_ok()
     })
 }
@@ -145,11 +148,15 @@ where
 // === impl Guarded ===
 
 /// A connection that holds its place under the limit and whose reads fail once its
-/// handshake deadline passes with fewer than [`FIRST_BYTES`] bytes read.
+/// handshake deadline passes with fewer than [`FIRST_BYTES`] bytes read, or once it has
+/// lived past its lifetime, if it has one.
 pub struct Guarded<IO> {
     // Dropped before the permit: the socket is closed by the time its place is given on.
     io: IO,
     handshake: Option<Handshake>,
+    /// When the connection is closed whatever it is doing (`GRPC_MAX_CONNECTION_AGE` plus its
+    /// grace: the server asked it to go at the age).
+    end_of_life: Option<Pin<Box<Sleep>>>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -167,8 +174,15 @@ impl<IO> Guarded<IO> {
                 deadline: Box::pin(tokio::time::sleep_until(deadline)),
                 missing: FIRST_BYTES,
             }),
+            end_of_life: None,
             _permit: permit,
         }
+    }
+
+    /// Fails the connection's reads from `lifetime` after now on, if given.
+    pub fn living(mut self, lifetime: Option<Duration>) -> Self {
+        self.end_of_life = lifetime.map(|l| Box::pin(tokio::time::sleep(l)));
+        self
     }
 }
 
@@ -180,7 +194,19 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let Some(handshake) = &mut this.handshake else {
-            return Pin::new(&mut this.io).poll_read(cx, buf);
+            let read = Pin::new(&mut this.io).poll_read(cx, buf);
+            // Checked only while waiting for bytes (as the handshake deadline is), so that
+            // reads that find data cost nothing more; the timer wakes the waiting read.
+            if read.is_pending()
+                && let Some(end) = &mut this.end_of_life
+                && end.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection past its maximum age and grace",
+                )));
+            }
+            return read;
         };
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {

@@ -144,6 +144,7 @@ async fn serve(args: settings::ServeArgs) -> ExitCode {
         }
     };
     sluice::logging::init(&settings.log);
+    settings::reference::audit(|name| std::env::var(name).ok()).log();
     let prepared = match app::prepare(settings.clone()) {
         Ok(p) => p,
         Err(app::AppError::Config(errors)) => {

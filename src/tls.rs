@@ -136,22 +136,27 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
     Ok(Arc::new(config))
 }
 
-/// TLS connections accepted on `listener` within `limits`, for `serve_with_incoming`.
+/// TLS connections accepted on `listener` within `limits`, for `serve_with_incoming`; each
+/// closed `lifetime` after it was accepted, if given.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<ReloadingTls>,
     limits: ConnectionLimits,
+    lifetime: Option<Duration>,
 ) -> ReceiverStream<Result<Guarded<TlsStream<TcpStream>>, std::io::Error>> {
     // Handshakes run on their own tasks: a slow one must not hold up the next accept.
     accept_into(listener, limits, 128, move |accepted, tx| {
         let acceptor = TlsAcceptor::from(tls.config());
+        let born = tokio::time::Instant::now();
         tokio::spawn(async move {
             let peer = accepted.stream.peer_addr().ok();
             let handshake = acceptor.accept(accepted.stream);
             match tokio::time::timeout_at(accepted.deadline, handshake).await {
                 Ok(Ok(tls_stream)) => {
                     // The rest of the deadline is for the HTTP/2 preface.
-                    let guarded = Guarded::new(tls_stream, accepted.permit, accepted.deadline);
+                    let rest = lifetime.map(|l| l.saturating_sub(born.elapsed()));
+                    let guarded =
+                        Guarded::new(tls_stream, accepted.permit, accepted.deadline).living(rest);
                     let _ = tx.send(Ok(guarded)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),

@@ -302,6 +302,55 @@ fn check_and_bench_reach_a_server_that_requires_mutual_tls() {
     assert_eq!(served.child.wait().unwrap().code(), Some(0));
 }
 
+/// Envoy Gateway's environment for the reference (its TLS variables, `GRPC_SERVER_TLS_CA_CERT`
+/// for the client CA, switches it turns off): mutual TLS is required, and what Sluice does not
+/// support is named in one warning line.
+#[test]
+fn envoy_gateways_tls_variables_require_client_certificates() {
+    let certs = common::temp_dir("cli-eg-certs");
+    common::certs::make(&certs);
+    let file = |name: &str| certs.join(name).to_str().unwrap().to_owned();
+    let dir = common::config_dir("cli-eg", &[("c.yaml", CONFIG)]);
+    let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
+    let served = SluiceProcess::spawn_with_env(
+        &dir,
+        &[],
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", &cert),
+            ("GRPC_SERVER_TLS_KEY", &key),
+            ("GRPC_SERVER_TLS_CA_CERT", &ca),
+            ("USE_STATSD", "false"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ],
+    );
+    let warning = served
+        .startup_log
+        .iter()
+        .find(|l| l.contains("set but not supported"))
+        .expect("a warning names what is not supported");
+    assert!(
+        warning.contains("FORCE_START_WITHOUT_INITIAL_CONFIG, CONFIG_GRPC_XDS_NODE_ID")
+            && !warning.contains("USE_STATSD"),
+        "{warning}"
+    );
+    let check = |extra: &[&str]| {
+        let mut args = vec!["check", "--addr", &served.grpc, "--domain", "cli"];
+        args.extend(["--descriptor", "user=eg", "--tls-ca", &ca]);
+        args.extend(["--tls-server-name", "localhost"]);
+        args.extend(extra);
+        sluice(&args).status.code()
+    };
+    let (client_cert, client_key) = (file("client.crt"), file("client.key"));
+    assert_eq!(
+        check(&["--tls-cert", &client_cert, "--tls-key", &client_key]),
+        Some(0)
+    );
+    assert_eq!(check(&[]), Some(1), "no client certificate, no answer");
+}
+
 #[test]
 fn the_shipped_configs_validate() {
     // config/ is what the README's first command serves; deploy/ ships two more sets.

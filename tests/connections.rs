@@ -189,3 +189,39 @@ async fn grpc_answers_while_admin_connections_exceed_the_file_limit() {
     let _attack = stuck(process.http.as_str(), 150, b"G").await;
     grpc_answers(process.grpc.clone()).await;
 }
+
+/// The frame types of the HTTP/2 frames in `bytes` (a server's side of a connection).
+fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while bytes.len() >= 9 {
+        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        types.push(bytes[3]);
+        bytes = &bytes[(9 + len).min(bytes.len())..];
+    }
+    types
+}
+
+/// `GRPC_MAX_CONNECTION_AGE`: a connection older than the age is sent GOAWAY (so that Envoy
+/// opens its next one, possibly to a pod added since) and closed after the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_connection_past_its_age_is_sent_goaway_then_closed() {
+    let mut settings = settings("grpc-age");
+    settings.grpc_max_connection_age = (Duration::from_millis(300), Duration::from_millis(200));
+    let server = TestServer::start_with(settings).await;
+    let mut stream = TcpStream::connect(server.grpc_addr).await.unwrap();
+    // The client preface, an empty SETTINGS frame and the ACK of the server's, then nothing.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    stream.write_all(b"\0\0\0\x04\x01\0\0\0\0").await.unwrap();
+    let sent = until_closed(&mut stream).await;
+    const GOAWAY: u8 = 0x7;
+    assert!(
+        frame_types(&sent).contains(&GOAWAY),
+        "frames sent: {:?}",
+        frame_types(&sent)
+    );
+    // New connections are served as before.
+    grpc_answers(server.grpc_addr.to_string()).await;
+}

@@ -46,6 +46,7 @@ impl ServeArgs {
     /// Resolves defaults and checks what no single value's parser can (settings that need
     /// each other, files and addresses).
     pub fn into_settings(self) -> Result<Settings, SettingsError> {
+        self.source.check_type()?;
         let listen = self.listen.resolve()?;
         let stores = self.store.resolve(self.failure.redis_deadline)?;
         Ok(Settings {
@@ -56,6 +57,7 @@ impl ServeArgs {
             admin_connections: listen.admin_connections,
             grpc_connections: listen.grpc_connections,
             grpc_max_in_flight: listen.grpc_max_in_flight,
+            grpc_max_connection_age: listen.grpc_max_connection_age,
             backend: stores.backend,
             redis: stores.redis,
             redis_per_second: stores.redis_per_second,

@@ -4,11 +4,13 @@
 //!
 //! - `args`: the flags and their environment variables, one group per concern (listeners,
 //!   config source, store, failure policy, requests, responses, telemetry, shutdown);
+//! - [`reference`]: every envoyproxy/ratelimit variable and what Sluice does with it;
 //! - `parse`: the value parsers: booleans, durations, ratios, header names, log levels and
 //!   addresses as operators write them.
 
 mod args;
 mod parse;
+pub mod reference;
 
 pub use args::ServeArgs;
 pub use parse::{parse_bool, parse_duration, switch};
@@ -45,6 +47,9 @@ pub struct Settings {
     pub grpc_connections: ConnectionLimits,
     /// gRPC requests answered at once; more wait their turn.
     pub grpc_max_in_flight: usize,
+    /// Age at which a gRPC connection is sent GOAWAY (before the ±10 % jitter), and the
+    /// grace it then gets (`GRPC_MAX_CONNECTION_AGE`, `GRPC_MAX_CONNECTION_AGE_GRACE`).
+    pub grpc_max_connection_age: (Duration, Duration),
     /// Where counters live.
     pub backend: Backend,
     /// Redis connection settings (with `Backend::Redis`).
@@ -151,6 +156,7 @@ impl Settings {
                 handshake_timeout: Duration::from_secs(10),
             },
             grpc_max_in_flight: 1024,
+            grpc_max_connection_age: (Duration::from_secs(24 * 3600), Duration::from_secs(3600)),
             backend: Backend::Memory,
             redis: None,
             redis_per_second: None,

@@ -226,3 +226,85 @@ fn counts_of_zero_are_refused_with_the_flag_named() {
         );
     }
 }
+
+/// The reference's own list of variables (a fixture taken from its `settings.go`).
+fn reference_variables() -> Vec<String> {
+    include_str!("../../tests/fixtures/reference/settings.env")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split('=').next().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn every_reference_variable_is_read_or_named_and_in_the_readme() {
+    use super::reference::{Support, VARIABLES};
+    let ours: Vec<&str> = VARIABLES.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        ours,
+        reference_variables(),
+        "the table follows the reference's list"
+    );
+    let command = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+    let envs: Vec<String> = command
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())
+        .collect();
+    for (name, support) in VARIABLES {
+        let read = envs.iter().any(|e| e == name);
+        assert_eq!(
+            read,
+            *support == Support::Read,
+            "{name}: a serve setting's variable exactly when the table says Read"
+        );
+    }
+    let readme = include_str!("../../README.md");
+    for name in ours {
+        assert!(
+            readme.contains(&format!("| `{name}` |")),
+            "the README's table of reference variables has no row for {name}"
+        );
+    }
+}
+
+#[test]
+fn the_audit_names_what_is_set_and_not_acted_on() {
+    use super::reference::audit;
+    let env = |set: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            set.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    };
+    // Envoy Gateway's switches that are off, read variables and empty values: nothing to say.
+    let quiet = audit(env(&[
+        ("USE_STATSD", "false"),
+        ("TRACING_ENABLED", "0"),
+        ("GRPC_PORT", "8081"),
+        ("MEMCACHE_HOST_PORT", ""),
+    ]));
+    assert!(
+        quiet.unsupported.is_empty() && quiet.not_needed.is_empty(),
+        "{quiet:?}"
+    );
+    let loud = audit(env(&[
+        ("USE_DOG_STATSD", "true"),
+        ("MEMCACHE_HOST_PORT", "memcache:11211"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+    ]));
+    assert_eq!(loud.unsupported, ["USE_DOG_STATSD", "MEMCACHE_HOST_PORT"]);
+    assert_eq!(loud.not_needed.len(), 1);
+    assert_eq!(loud.not_needed[0].0, "REDIS_SOCKET_TYPE");
+}
+
+#[test]
+fn config_type_file_is_the_one_source() {
+    assert!(settings(&["--config-type", "file"]).is_ok());
+    let err = settings(&["--config-type", "GRPC_XDS_SOTW"]).unwrap_err();
+    assert!(
+        err.contains("CONFIG_TYPE") && err.contains("GRPC_XDS_SOTW"),
+        "{err}"
+    );
+}

@@ -419,17 +419,22 @@ pub struct SluiceProcess {
     pub grpc: String,
     /// `127.0.0.1:PORT` of its admin HTTP listener.
     pub http: String,
+    /// Its log up to the "serving" line.
+    pub startup_log: Vec<String>,
 }
 
 impl SluiceProcess {
     /// Runs `sluice serve --config DIR` with `args`, and waits for its "serving" log line
     /// (the readiness signal, which names the bound ports).
     pub fn spawn(dir: &std::path::Path, args: &[&str]) -> Self {
-        Self::run(
-            std::process::Command::new(env!("CARGO_BIN_EXE_sluice")),
-            dir,
-            args,
-        )
+        Self::spawn_with_env(dir, args, &[])
+    }
+
+    /// [`SluiceProcess::spawn`] with these environment variables set.
+    pub fn spawn_with_env(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command.envs(env.iter().copied());
+        Self::run(command, dir, args)
     }
 
     /// [`SluiceProcess::spawn`] with at most `files` open file descriptors (`ulimit -n`).
@@ -459,8 +464,10 @@ impl SluiceProcess {
             .unwrap();
         let stderr = BufReader::new(child.stderr.take().unwrap());
         let mut lines = stderr.lines();
+        let mut startup_log = Vec::new();
         for line in lines.by_ref() {
             let line = line.unwrap();
+            startup_log.push(line.clone());
             let field = |name: &str| {
                 let rest = line.split(name).nth(1)?;
                 Some(rest.split_whitespace().next()?.to_owned())
@@ -468,7 +475,12 @@ impl SluiceProcess {
             if let (Some(grpc), Some(http)) = (field("grpc="), field("http=")) {
                 // Keep draining the log so the process never blocks on a full pipe.
                 std::thread::spawn(move || lines.for_each(drop));
-                return Self { child, grpc, http };
+                return Self {
+                    child,
+                    grpc,
+                    http,
+                    startup_log,
+                };
             }
         }
         panic!("sluice serve exited before serving: {:?}", child.wait());

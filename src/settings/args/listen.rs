@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::super::parse::{parse_count, parse_positive_duration, resolve_addr};
+use super::super::parse::{parse_count, parse_duration, parse_positive_duration, resolve_addr};
 use super::named;
 use crate::connection::ConnectionLimits;
 use crate::settings::SettingsError;
@@ -39,6 +39,18 @@ pub struct ListenArgs {
     /// PEM CA bundle client certificates must chain to: turns on mutual TLS
     #[arg(long, env = "GRPC_CLIENT_TLS_CACERT")]
     grpc_client_tls_cacert: Option<PathBuf>,
+    /// Envoy Gateway's name for the same CA bundle.
+    #[arg(long, env = "GRPC_SERVER_TLS_CA_CERT", hide = true)]
+    grpc_server_tls_ca_cert: Option<PathBuf>,
+
+    /// Age at which a gRPC connection is asked to close (HTTP/2 GOAWAY), ±10 % per process,
+    /// so that long-lived clients such as Envoy spread over pods added later
+    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", default_value = "24h", value_parser = parse_positive_duration)]
+    grpc_max_connection_age: Duration,
+
+    /// Time a connection past its age gets to finish its requests before it is closed
+    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "1h", value_parser = parse_duration)]
+    grpc_max_connection_age_grace: Duration,
 
     /// Admin HTTP listen address [default: $HOST:$PORT, i.e. 0.0.0.0:8080]
     #[arg(long, value_name = "HOST:PORT")]
@@ -81,6 +93,7 @@ pub(super) struct Listeners {
     pub admin_connections: ConnectionLimits,
     pub grpc_connections: ConnectionLimits,
     pub grpc_max_in_flight: usize,
+    pub grpc_max_connection_age: (Duration, Duration),
 }
 
 impl ListenArgs {
@@ -102,6 +115,10 @@ impl ListenArgs {
                 handshake_timeout: self.grpc_handshake_timeout,
             },
             grpc_max_in_flight: self.grpc_max_in_flight.get(),
+            grpc_max_connection_age: (
+                self.grpc_max_connection_age,
+                self.grpc_max_connection_age_grace,
+            ),
         })
     }
 
@@ -125,7 +142,10 @@ impl ListenArgs {
         let files = TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
-            client_ca: self.grpc_client_tls_cacert.clone(),
+            client_ca: self
+                .grpc_client_tls_cacert
+                .clone()
+                .or_else(|| self.grpc_server_tls_ca_cert.clone()),
         };
         ReloadingTls::new(files.clone()).map_err(|m| {
             named(

@@ -6,6 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::super::parse::parse_duration;
+use super::named;
+use crate::settings::SettingsError;
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Config source")]
@@ -25,6 +27,10 @@ pub struct SourceArgs {
     )]
     runtime_appdirectory: String,
 
+    /// Where the rules come from: FILE (the config directory) is the one source so far
+    #[arg(long, env = "CONFIG_TYPE", default_value = "FILE")]
+    config_type: String,
+
     /// Merge config files that declare the same domain instead of rejecting them
     #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
     pub merge_domain_config: bool,
@@ -40,6 +46,18 @@ pub struct SourceArgs {
 }
 
 impl SourceArgs {
+    /// Refuses a config source Sluice does not have, rather than serve without rules.
+    pub(super) fn check_type(&self) -> Result<(), SettingsError> {
+        if self.config_type.eq_ignore_ascii_case("FILE") {
+            return Ok(());
+        }
+        let message = format!(
+            "'{}' is not supported: only FILE (the config directory) is",
+            self.config_type
+        );
+        Err(named(&["config_type"], message))
+    }
+
     /// `--config`, else the reference's `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`
     /// when `RUNTIME_ROOT` is set, else `./config`.
     pub(super) fn config_dir(&self) -> PathBuf {
