@@ -4,7 +4,7 @@
 //!
 //! - `args`: the flags and their environment variables, one group per concern (listeners,
 //!   config source, store, failure policy, requests, responses, telemetry, shutdown);
-//! - [`reference`]: every envoyproxy/ratelimit variable and what Sluice does with it;
+//! - [`reference`](mod@reference): every envoyproxy/ratelimit variable and what Sluice does with it;
 //! - `parse`: the value parsers: booleans, durations, ratios, header names, log levels and
 //!   addresses as operators write them.
 
