@@ -40,8 +40,30 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     builder.build()
 }
 
+/// The arguments, with `serve` put first when the binary runs under the reference's name
+/// (`/bin/ratelimit`, as Envoy Gateway's Deployment starts it) without a subcommand.
+fn arguments() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked_as = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|name| name.to_string_lossy().into_owned());
+    if invoked_as.as_deref() == Some("ratelimit") {
+        use clap::CommandFactory as _;
+        let first = args.get(1).and_then(|a| a.to_str());
+        let subcommand = first.is_some_and(|first| {
+            Cli::command().find_subcommand(first).is_some()
+                || ["help", "--help", "-h", "--version", "-V"].contains(&first)
+        });
+        if !subcommand {
+            args.insert(1, "serve".into());
+        }
+    }
+    args
+}
+
 async fn run() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(arguments()) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             let _ = e.print(); // --help, --version

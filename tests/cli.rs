@@ -413,3 +413,41 @@ fn succeeded(out: &std::process::Output, what: &str) -> String {
     );
     stdout
 }
+
+/// Envoy Gateway starts the reference as `/bin/ratelimit` with no arguments: the same binary
+/// under that name serves (its settings from the environment), and its subcommands still work.
+#[test]
+fn run_as_ratelimit_without_a_subcommand_it_serves() {
+    let dir = common::config_dir("cli-ratelimit", &[("c.yaml", CONFIG)]);
+    let bin = common::temp_dir("cli-ratelimit-bin").join("ratelimit");
+    std::os::unix::fs::symlink(BIN, &bin).unwrap();
+    let mut child = Command::new(&bin)
+        .env("RUNTIME_ROOT", dir.parent().unwrap())
+        .env("RUNTIME_SUBDIRECTORY", dir.file_name().unwrap())
+        .env("RUNTIME_APPDIRECTORY", ".")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("LOG_LEVEL", "info")
+        .env_remove("REDIS_URL")
+        .env_remove("BACKEND_TYPE")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead as _;
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let serving = stderr
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("serving"));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(serving, "ratelimit without arguments did not serve");
+    let out = Command::new(&bin)
+        .arg("validate")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
