@@ -55,6 +55,8 @@ pub struct Listeners {
     pub http: TcpListener,
     /// A separate Prometheus listener (`USE_PROMETHEUS`), if configured.
     pub metrics: Option<TcpListener>,
+    /// The reference's debug listener (`DEBUG_HOST`, `DEBUG_PORT`), if configured.
+    pub debug: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -80,10 +82,15 @@ impl Listeners {
             Some(p) => Some(bind(p.addr).await?),
             None => None,
         };
+        let debug = match settings.debug_addr {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
         Ok(Self {
             grpc: bind(settings.grpc_addr).await?,
             http: bind(settings.http_addr).await?,
             metrics,
+            debug,
         })
     }
 }
@@ -309,6 +316,15 @@ impl Prepared {
             config: self.config.clone(),
             metrics: self.metrics.clone(),
         });
+        if let Some(listener) = listeners.debug {
+            tracing::info!(addr = ?listener.local_addr().ok(), "serving the admin endpoints on the debug listener too");
+            tokio::spawn(admin::serve(
+                listener,
+                router.clone(),
+                self.settings.admin_connections,
+                drain.clone().cancelled_owned(),
+            ));
+        }
         let http = admin::serve(
             listeners.http,
             router,

@@ -451,3 +451,24 @@ fn run_as_ratelimit_without_a_subcommand_it_serves() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// `DEBUG_HOST`/`DEBUG_PORT`: the reference's debug listener, where operators curl
+/// `:6070/rlconfig`, serves the admin endpoints too.
+#[tokio::test]
+async fn the_debug_listener_serves_rlconfig() {
+    let dir = common::config_dir("cli-debug", &[("c.yaml", CONFIG)]);
+    let port = common::redis::free_port();
+    let served = SluiceProcess::spawn_with_env(
+        &dir,
+        &[],
+        &[
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("DEBUG_PORT", &port.to_string()),
+        ],
+    );
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (status, body) = common::http_get(addr, "/rlconfig").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("cli.user"), "{body}");
+    drop(served);
+}

@@ -40,6 +40,9 @@ pub struct Settings {
     pub grpc_tls: Option<TlsFiles>,
     /// Admin HTTP listen address.
     pub http_addr: SocketAddr,
+    /// The reference's debug listener (`DEBUG_HOST`, `DEBUG_PORT`): the admin endpoints
+    /// again, when asked for.
+    pub debug_addr: Option<SocketAddr>,
     /// Connection cap and header timeout of the admin HTTP and Prometheus listeners (the
     /// timeout is their [`ConnectionLimits::handshake_timeout`]).
     pub admin_connections: ConnectionLimits,
@@ -147,6 +150,7 @@ impl Settings {
             grpc_addr: loopback,
             grpc_tls: None,
             http_addr: loopback,
+            debug_addr: None,
             admin_connections: ConnectionLimits {
                 max_connections: 256,
                 handshake_timeout: Duration::from_secs(10),

@@ -37,8 +37,8 @@ const NO_POOL_LIMIT: &str = "multiplexed connections are never exhausted";
 pub const VARIABLES: &[(&str, Support)] = &[
     ("HOST", Read),
     ("PORT", Read),
-    ("DEBUG_HOST", NAMED),
-    ("DEBUG_PORT", NAMED),
+    ("DEBUG_HOST", Read),
+    ("DEBUG_PORT", Read),
     ("GRPC_UDS", NAMED),
     ("GRPC_HOST", Read),
     ("GRPC_PORT", Read),

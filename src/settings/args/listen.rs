@@ -60,6 +60,16 @@ pub struct ListenArgs {
     #[arg(long = "port", env = "PORT", hide = true, default_value = "8080")]
     http_port: u16,
 
+    /// Also serve the admin endpoints (/rlconfig, /healthcheck, /metrics, /json) on the
+    /// reference's debug listener, where operators curl :6070/rlconfig [default: off; on when
+    /// DEBUG_HOST or DEBUG_PORT is set, at 0.0.0.0:6070 unless they say otherwise]
+    #[arg(long, value_name = "HOST:PORT")]
+    debug_addr: Option<String>,
+    #[arg(long, env = "DEBUG_HOST", hide = true)]
+    debug_host: Option<String>,
+    #[arg(long, env = "DEBUG_PORT", hide = true)]
+    debug_port: Option<u16>,
+
     /// Open admin HTTP connections at most (each of the admin and Prometheus listeners);
     /// more wait to be accepted
     #[arg(long, env = "ADMIN_MAX_CONNECTIONS", default_value = "256", value_parser = parse_count::<NonZeroUsize>)]
@@ -94,6 +104,7 @@ pub(super) struct Listeners {
     pub grpc_connections: ConnectionLimits,
     pub grpc_max_in_flight: usize,
     pub grpc_max_connection_age: (Duration, Duration),
+    pub debug_addr: Option<SocketAddr>,
 }
 
 impl ListenArgs {
@@ -102,6 +113,20 @@ impl ListenArgs {
             .map_err(|m| named(&["grpc_addr", "grpc_host", "grpc_port"], m))?;
         let http_addr = resolve_addr(self.http_addr.clone(), &self.http_host, self.http_port)
             .map_err(|m| named(&["http_addr", "http_host", "http_port"], m))?;
+        let debug_on =
+            self.debug_addr.is_some() || self.debug_host.is_some() || self.debug_port.is_some();
+        let debug_addr = if debug_on {
+            let host = self.debug_host.as_deref().unwrap_or("0.0.0.0");
+            let addr = resolve_addr(
+                self.debug_addr.clone(),
+                host,
+                self.debug_port.unwrap_or(6070),
+            )
+            .map_err(|m| named(&["debug_addr", "debug_host", "debug_port"], m))?;
+            Some(addr)
+        } else {
+            None
+        };
         Ok(Listeners {
             grpc_addr,
             grpc_tls: self.grpc_tls()?,
@@ -119,6 +144,7 @@ impl ListenArgs {
                 self.grpc_max_connection_age,
                 self.grpc_max_connection_age_grace,
             ),
+            debug_addr,
         })
     }
 
