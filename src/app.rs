@@ -303,6 +303,8 @@ impl Prepared {
         let health = Arc::new(Health::default());
         health.require_config(self.settings.require_config);
         health.set_config_loaded(self.limiter.policy().domain_count() > 0);
+        health.require_store(self.settings.require_store);
+        health.set_store_up(self.limiter.store().status().healthy);
         let drain = CancellationToken::new();
         let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
             .with_metrics(self.metrics.rls());
@@ -345,8 +347,8 @@ impl Prepared {
         };
         running.health.set_serving(true);
         report_health(&running.reporter, &running.health).await;
-        if self.settings.require_config {
-            tokio::spawn(follow_config(
+        if self.settings.require_config || self.settings.require_store {
+            tokio::spawn(follow_requirements(
                 running.reporter.clone(),
                 running.health.clone(),
                 self.limiter.clone(),
@@ -520,8 +522,9 @@ async fn report_health(reporter: &tonic_health::server::HealthReporter, health: 
 }
 
 /// With `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: follows whether the policy in force has a
-/// domain (a reload may bring the first or take the last), until draining starts.
-async fn follow_config(
+/// domain (a reload may bring the first or take the last); with
+/// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, whether the store answers; until draining starts.
+async fn follow_requirements(
     reporter: tonic_health::server::HealthReporter,
     health: Arc<Health>,
     limiter: Arc<Limiter>,
@@ -534,16 +537,22 @@ async fn follow_config(
             _ = &mut drain => return,
             _ = tick.tick() => {}
         }
+        let (was_config, was_store) = (health.waits_for_config(), health.waits_for_store());
         let loaded = limiter.policy().domain_count() > 0;
-        // Unchanged: loaded exactly when the health no longer waits for a config.
-        if loaded != health.waits_for_config() {
-            continue;
-        }
         health.set_config_loaded(loaded);
-        tracing::info!(
-            loaded,
-            "rate limit config with a domain in force: health follows"
-        );
-        report_health(&reporter, &health).await;
+        health.set_store_up(limiter.store().status().healthy);
+        if health.waits_for_config() != was_config {
+            tracing::info!(
+                loaded,
+                "rate limit config with a domain in force: health follows"
+            );
+        }
+        if health.waits_for_store() != was_store {
+            let up = !health.waits_for_store();
+            tracing::info!(up, "the store answers: health follows");
+        }
+        if (health.waits_for_config(), health.waits_for_store()) != (was_config, was_store) {
+            report_health(&reporter, &health).await;
+        }
     }
 }

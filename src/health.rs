@@ -5,12 +5,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Whether the process accepts work: ready once the policy is loaded and servers are bound,
 /// not ready again from the moment it starts draining. With
 /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, also not ready while the policy in force has
-/// no domain.
-#[derive(Debug, Default)]
+/// no domain; with `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, while the store does not answer.
+#[derive(Debug)]
 pub struct Health {
     serving: AtomicBool,
     needs_config: AtomicBool,
     has_config: AtomicBool,
+    needs_store: AtomicBool,
+    store_up: AtomicBool,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            serving: AtomicBool::new(false),
+            needs_config: AtomicBool::new(false),
+            has_config: AtomicBool::new(false),
+            needs_store: AtomicBool::new(false),
+            store_up: AtomicBool::new(true),
+        }
+    }
 }
 
 impl Health {
@@ -29,9 +43,25 @@ impl Health {
         self.has_config.store(loaded, Ordering::SeqCst);
     }
 
-    /// Whether the process is ready and not draining (and, where required, has a config).
+    /// Requires the store to answer for the process to report ready.
+    pub fn require_store(&self, required: bool) {
+        self.needs_store.store(required, Ordering::SeqCst);
+    }
+
+    /// Records whether the store answers (its circuit breaker is closed).
+    pub fn set_store_up(&self, up: bool) {
+        self.store_up.store(up, Ordering::SeqCst);
+    }
+
+    /// Whether readiness waits for the store.
+    pub fn waits_for_store(&self) -> bool {
+        self.needs_store.load(Ordering::SeqCst) && !self.store_up.load(Ordering::SeqCst)
+    }
+
+    /// Whether the process is ready and not draining (and, where required, has a config and
+    /// a store that answers).
     pub fn is_serving(&self) -> bool {
-        self.serving.load(Ordering::SeqCst) && !self.waits_for_config()
+        self.serving.load(Ordering::SeqCst) && !self.waits_for_config() && !self.waits_for_store()
     }
 
     /// Whether readiness waits for a config with at least one domain.
@@ -45,6 +75,8 @@ impl Health {
             "draining"
         } else if self.waits_for_config() {
             "no rate limit config loaded"
+        } else if self.waits_for_store() {
+            "the store does not answer"
         } else {
             "ok"
         }

@@ -26,6 +26,10 @@ async fn server(redis: &RedisServer) -> TestServer {
 }
 
 async fn server_with_deadline(redis: &RedisServer, deadline: Duration) -> TestServer {
+    TestServer::start_with(settings(redis, deadline)).await
+}
+
+fn settings(redis: &RedisServer, deadline: Duration) -> Settings {
     let mut settings = Settings::for_tests(config_dir(
         "failure",
         &[
@@ -47,7 +51,7 @@ async fn server_with_deadline(redis: &RedisServer, deadline: Duration) -> TestSe
         // `local` counts a third of each limit: three instances share it.
         local_instances: 3,
     };
-    TestServer::start_with(settings).await
+    settings
 }
 
 /// One request; panics on a gRPC error (the failure policy must answer, not fail) or on an
@@ -332,4 +336,31 @@ async fn requests_past_the_in_flight_cap_wait_their_turn_and_are_all_answered() 
         started.elapsed()
     );
     redis.resume();
+}
+
+/// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`: health fails while Redis does not answer (the
+/// failure policy still answers requests) and recovers with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_can_follow_the_store() {
+    let mut redis = RedisServer::start();
+    let mut settings = settings(&redis, DEADLINE);
+    settings.require_store = true;
+    let server = TestServer::start_with(settings).await;
+    let health = || async { http_get(server.http_addr, "/healthcheck").await.unwrap() };
+    assert_eq!(health().await, (200, "OK".into()));
+    redis.kill();
+    common::eventually("health fails while Redis is gone", || async {
+        ask(&server, "open", "h").await; // the failures that open the breaker
+        health().await == (503, "the store does not answer".into())
+    })
+    .await;
+    assert!(
+        ok(&ask(&server, "open", "h").await),
+        "requests are still answered"
+    );
+    redis.restart();
+    common::eventually("health recovers with Redis", || async {
+        health().await.0 == 200
+    })
+    .await;
 }

@@ -68,6 +68,7 @@ impl ServeArgs {
             response: self.response.options(),
             merge_domains: self.source.merge_domain_config,
             require_config: self.source.healthy_with_at_least_one_config_loaded,
+            require_store: self.failure.redis_health_check_active_connection,
             config_watch_interval: self.source.config_watch_interval,
             memory: stores.memory,
             near_limit_ratio: self.telemetry.near_limit_ratio,

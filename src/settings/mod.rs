@@ -73,6 +73,8 @@ pub struct Settings {
     /// Unhealthy until a config with at least one domain is in force
     /// (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub require_config: bool,
+    /// Unhealthy while the store does not answer (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
+    pub require_store: bool,
     /// How often the config directory is checked for changes (0: only on SIGHUP).
     pub config_watch_interval: Duration,
     /// In-memory store limits.
@@ -170,6 +172,7 @@ impl Settings {
             limiter: LimiterOptions::default(),
             merge_domains: false,
             require_config: false,
+            require_store: false,
             config_watch_interval: Duration::from_millis(200),
             memory: MemoryOptions::default(),
             near_limit_ratio: 0.8,

@@ -35,6 +35,11 @@ pub struct FailureArgs {
     )]
     pub failure_mode: FailureMode,
 
+    /// Report unhealthy (/healthcheck, /ready, gRPC health) while the store does not answer
+    /// (its circuit breaker is open), so that an orchestrator can move traffic elsewhere
+    #[arg(long, env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")]
+    pub redis_health_check_active_connection: bool,
+
     /// Sluice instances sharing the limits; `failure_mode: local` divides each limit by it
     #[arg(long, env = "FAILURE_MODE_LOCAL_INSTANCES", default_value = "1", value_parser = parse_count::<NonZeroU64>)]
     failure_mode_local_instances: NonZeroU64,
