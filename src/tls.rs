@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustls::ServerConfig;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -35,6 +37,9 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// CA bundle that client certificates must chain to; `None`: no client certificates.
     pub client_ca: Option<PathBuf>,
+    /// A name (DNS name or IP address) client certificates must also be valid for
+    /// (`GRPC_CLIENT_TLS_SAN`), with `client_ca`.
+    pub client_san: Option<String>,
 }
 
 /// A server TLS configuration that follows its files.
@@ -126,7 +131,13 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
             let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
                 .build()
                 .map_err(|e| format!("GRPC_CLIENT_TLS_CACERT '{}': {e}", ca.display()))?;
-            builder.with_client_cert_verifier(verifier)
+            match &files.client_san {
+                None => builder.with_client_cert_verifier(verifier),
+                Some(san) => builder.with_client_cert_verifier(Arc::new(SanVerifier {
+                    inner: verifier,
+                    name: client_name(san)?,
+                })),
+            }
         }
     };
     let mut config = builder
@@ -134,6 +145,67 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
         .map_err(|e| format!("GRPC_SERVER_TLS_CERT/GRPC_SERVER_TLS_KEY: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// `GRPC_CLIENT_TLS_SAN` as the name client certificates must be valid for.
+pub fn client_name(san: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    rustls::pki_types::ServerName::try_from(san.to_owned())
+        .map_err(|e| format!("GRPC_CLIENT_TLS_SAN '{san}': {e} (a DNS name or an IP address)"))
+}
+
+/// Client certificates that chain to the CA (the inner verifier) and are valid for one name,
+/// as the reference checks `GRPC_CLIENT_TLS_SAN`.
+#[derive(Debug)]
+struct SanVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl ClientCertVerifier for SanVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding)
+        })?;
+        cert.verify_is_valid_for_subject_name(&self.name)
+            .map_err(|_| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
+            })?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 /// TLS connections accepted on `listener` within `limits`, for `serve_with_incoming`; each

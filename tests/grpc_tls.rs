@@ -20,6 +20,7 @@ fn tls_settings(certs: &Path, mutual: bool) -> Settings {
         cert: certs.join("server.crt"),
         key: certs.join("server.key"),
         client_ca: mutual.then(|| certs.join("ca.crt")),
+        client_san: None,
     });
     settings
 }
@@ -139,4 +140,23 @@ async fn a_client_that_never_completes_the_tls_handshake_is_closed() {
         .unwrap();
     assert!(sent.is_empty());
     assert_eq!(ask(&server, Some(&certs), None).await, Ok(8));
+}
+
+/// `GRPC_CLIENT_TLS_SAN`: a client certificate from the CA must also be valid for that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_with_a_san_admits_only_certificates_for_that_name() {
+    let certs = temp_dir("mtls-san-certs");
+    common::certs::make(&certs);
+    let with_san = |san: &str| {
+        let mut settings = tls_settings(&certs, true);
+        settings.grpc_tls.as_mut().unwrap().client_san = Some(san.into());
+        settings
+    };
+    let server = TestServer::start_with(with_san("client.sluice.test")).await;
+    assert_eq!(ask(&server, Some(&certs), Some(&certs)).await, Ok(8));
+    let server = TestServer::start_with(with_san("someone-else.test")).await;
+    assert!(
+        ask(&server, Some(&certs), Some(&certs)).await.is_err(),
+        "a certificate for another name"
+    );
 }

@@ -512,6 +512,7 @@ fn tls_settings(certs: &Path, client_ca: bool) -> Settings {
         cert: certs.join("server.crt"),
         key: certs.join("server.key"),
         client_ca: client_ca.then(|| certs.join("ca.crt")),
+        client_san: None,
     });
     settings
 }

@@ -48,7 +48,7 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("GRPC_SERVER_TLS_CERT", Read),
     ("GRPC_SERVER_TLS_KEY", Read),
     ("GRPC_CLIENT_TLS_CACERT", Read),
-    ("GRPC_CLIENT_TLS_SAN", NAMED),
+    ("GRPC_CLIENT_TLS_SAN", Read),
     ("LOG_LEVEL", Read),
     ("LOG_FORMAT", Read),
     ("CONFIG_TYPE", Read),

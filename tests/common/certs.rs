@@ -18,8 +18,8 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
-/// Writes `ca.crt`/`ca.key`, `server.crt`/`server.key` and `client.crt`/`client.key` into
-/// `dir`. Extensions make X.509 v3 certificates (rustls rejects v1).
+/// Writes `ca.crt`/`ca.key`, `server.crt`/`server.key` (for `localhost` and 127.0.0.1) and
+/// `client.crt`/`client.key` (for `client.sluice.test`) into `dir`. Extensions make X.509 v3 certificates (rustls rejects v1).
 pub fn make(dir: &Path) {
     openssl(
         dir,
@@ -44,7 +44,11 @@ pub fn make(dir: &Path) {
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
     )
     .unwrap();
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    std::fs::write(
+        dir.join("client.ext"),
+        "subjectAltName=DNS:client.sluice.test\nextendedKeyUsage=clientAuth\n",
+    )
+    .unwrap();
     for name in ["server", "client"] {
         let (key, csr, crt, ext) = (
             format!("{name}.key"),

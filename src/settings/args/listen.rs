@@ -39,6 +39,9 @@ pub struct ListenArgs {
     /// PEM CA bundle client certificates must chain to: turns on mutual TLS
     #[arg(long, env = "GRPC_CLIENT_TLS_CACERT")]
     grpc_client_tls_cacert: Option<PathBuf>,
+    /// Name (DNS name or IP address) client certificates must be valid for, with mutual TLS
+    #[arg(long, env = "GRPC_CLIENT_TLS_SAN")]
+    grpc_client_tls_san: Option<String>,
     /// Envoy Gateway's name for the same CA bundle.
     #[arg(long, env = "GRPC_SERVER_TLS_CA_CERT", hide = true)]
     grpc_server_tls_ca_cert: Option<PathBuf>,
@@ -172,7 +175,12 @@ impl ListenArgs {
                 .grpc_client_tls_cacert
                 .clone()
                 .or_else(|| self.grpc_server_tls_ca_cert.clone()),
+            client_san: self.grpc_client_tls_san.clone().filter(|s| !s.is_empty()),
         };
+        if files.client_san.is_some() && files.client_ca.is_none() {
+            let message = format!("needs {}", super::env_name("grpc_client_tls_cacert"));
+            return Err(named(&["grpc_client_tls_san"], message));
+        }
         ReloadingTls::new(files.clone()).map_err(|m| {
             named(
                 &[
