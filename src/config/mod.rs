@@ -10,6 +10,7 @@ mod error;
 mod files;
 mod limits;
 mod nesting;
+pub mod proto;
 pub mod raw;
 
 use std::path::Path;
