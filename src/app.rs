@@ -154,10 +154,13 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
     let options = LoadOptions {
         merge_domains: settings.merge_domains,
     };
-    let metrics = Arc::new(Metrics::new(
-        settings.near_limit_ratio,
-        settings.metrics_max_detailed_series,
-    ));
+    let metrics = Arc::new(
+        Metrics::new(
+            settings.near_limit_ratio,
+            settings.metrics_max_detailed_series,
+        )
+        .with_response_time_in_milliseconds(settings.response_time_in_milliseconds),
+    );
     let loaded = config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
     metrics.config.loaded(true);
     let store = build_store(&settings, &time)?;

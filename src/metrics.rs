@@ -75,6 +75,15 @@ impl Metrics {
         }
     }
 
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: the reference's response-time histogram in
+    /// milliseconds.
+    pub fn with_response_time_in_milliseconds(mut self, on: bool) -> Self {
+        if let Some(rls) = Arc::get_mut(&mut self.rls) {
+            rls.response_time_in_milliseconds(on);
+        }
+        self
+    }
+
     /// The gRPC service's metrics, to hand to [`RlsService`](crate::rls::RlsService).
     pub fn rls(&self) -> Arc<RlsMetrics> {
         self.rls.clone()

@@ -75,6 +75,14 @@ async fn metrics_count_exactly_the_hits_sent_per_rule() {
         page.contains("sluice_grpc_request_duration_seconds_bucket"),
         "{page}"
     );
+    // The reference's response time, for its dashboards: every ShouldRateLimit counted.
+    assert_eq!(
+        value(
+            &page,
+            r#"ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"}"#
+        ),
+        Some(12)
+    );
     assert_eq!(
         value(&page, "ratelimit_service_config_load_success"),
         Some(1)
@@ -150,4 +158,25 @@ async fn use_prometheus_serves_metrics_on_their_own_listener() {
     let (status, page) = http_get(addr.parse().unwrap(), "/stats").await.unwrap();
     assert_eq!(status, 200);
     assert!(page.contains(r#"ratelimit_service_rate_limit_total_hits{domain="shop",key1="api_key",key2="",rule="shop.api_key"} 1"#), "{page}");
+}
+
+/// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: the same histogram, in milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_response_time_can_be_in_milliseconds() {
+    let mut settings =
+        sluice::settings::Settings::for_tests(config_dir("ms", &[("s.yaml", CONFIG)]));
+    settings.response_time_in_milliseconds = true;
+    let server = TestServer::start_with(settings).await;
+    server.domain("shop").hit("api_key=k").await;
+    let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
+    let bucket = |le: &str| {
+        let series = format!(
+            r#"ratelimit_service_response_time_seconds_bucket{{grpc_method="ShouldRateLimit",le="{le}"}}"#
+        );
+        value(&page, &series).unwrap_or_else(|| panic!("no {series} in {page}"))
+    };
+    // Any request takes more than 5 µs: counted in milliseconds, it is above the lowest
+    // bucket (0.005); counted in seconds, it would be in it unless it took over 5 ms.
+    assert_eq!(bucket("0.005"), 0);
+    assert_eq!(bucket("+Inf"), 1);
 }

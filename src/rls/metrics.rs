@@ -7,10 +7,21 @@ use prometheus::{HistogramVec, IntCounterVec, Registry};
 
 use crate::metrics::{LATENCY_BUCKETS, counter_vec, histogram_vec};
 
+/// Buckets of the reference's response-time histogram: statsd_exporter's defaults, which its
+/// Prometheus sink uses (in seconds, or in milliseconds with
+/// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`, the same numbers).
+const REFERENCE_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
 /// Requests of `ShouldRateLimit` and `/json`, and their errors.
 pub struct RlsMetrics {
     requests: IntCounterVec,
     latency: HistogramVec,
+    /// The reference's `ratelimit_service_response_time_seconds{grpc_method}`.
+    response_time: HistogramVec,
+    /// 1 (seconds) or 1000 (`PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`).
+    response_time_scale: f64,
     errors: IntCounterVec,
     should_rate_limit_error: IntCounterVec,
 }
@@ -42,8 +53,22 @@ impl RlsMetrics {
                 &["method"],
             ),
             errors: counter_vec(registry, "sluice_errors_total", "Errors by type", &["type"]),
+            response_time: histogram_vec(
+                registry,
+                "ratelimit_service_response_time_seconds",
+                "ShouldRateLimit response time, as the reference reports it (in milliseconds with PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS)",
+                REFERENCE_BUCKETS,
+                &["grpc_method"],
+            ),
+            response_time_scale: 1.0,
             should_rate_limit_error,
         }
+    }
+
+    /// Reports the reference's response time in milliseconds instead of seconds (its
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`; the name stays).
+    pub fn response_time_in_milliseconds(&mut self, on: bool) {
+        self.response_time_scale = if on { 1000.0 } else { 1.0 };
     }
 
     /// A gRPC (or `/json`) request answered with `code` after `elapsed`.
@@ -52,6 +77,12 @@ impl RlsMetrics {
         self.latency
             .with_label_values(&[method])
             .observe(elapsed.as_secs_f64());
+        // The reference times its gRPC methods only.
+        if method == "ShouldRateLimit" {
+            self.response_time
+                .with_label_values(&[method])
+                .observe(elapsed.as_secs_f64() * self.response_time_scale);
+        }
     }
 
     /// An error of `kind` (e.g. `invalid_request`, `store_unavailable`).

@@ -73,6 +73,7 @@ impl ServeArgs {
             memory: stores.memory,
             near_limit_ratio: self.telemetry.near_limit_ratio,
             metrics_max_detailed_series: self.telemetry.metrics_max_detailed_series,
+            response_time_in_milliseconds: self.telemetry.prometheus_response_time_as_milliseconds,
             prometheus: self.telemetry.prometheus()?,
             log: self.telemetry.log(),
             shutdown_grace: self.shutdown.shutdown_grace,

@@ -83,6 +83,9 @@ pub struct Settings {
     pub near_limit_ratio: f64,
     /// Cap on metric series of `detailed_metric`/`value_to_metric` rules.
     pub metrics_max_detailed_series: usize,
+    /// The reference's response-time histogram in milliseconds
+    /// (`PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`).
+    pub response_time_in_milliseconds: bool,
     /// A separate Prometheus listener (`USE_PROMETHEUS`); `/metrics` on the HTTP port is
     /// always there.
     pub prometheus: Option<PrometheusListener>,
@@ -177,6 +180,7 @@ impl Settings {
             memory: MemoryOptions::default(),
             near_limit_ratio: 0.8,
             metrics_max_detailed_series: 10_000,
+            response_time_in_milliseconds: false,
             prometheus: None,
             log: LogSettings {
                 level: "info".into(),

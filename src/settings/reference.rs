@@ -83,7 +83,7 @@ pub const VARIABLES: &[(&str, Support)] = &[
         "PROMETHEUS_MAPPER_YAML",
         NotNeeded("the metrics are native Prometheus, already with the reference's names"),
     ),
-    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", SWITCH),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Read),
     ("RUNTIME_ROOT", Read),
     ("RUNTIME_SUBDIRECTORY", Read),
     ("RUNTIME_APPDIRECTORY", Read),

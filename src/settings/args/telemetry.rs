@@ -26,6 +26,10 @@ pub struct TelemetryArgs {
     #[arg(long, env = "PROMETHEUS_PATH", default_value = "/metrics")]
     prometheus_path: String,
 
+    /// The reference's ratelimit_service_response_time_seconds histogram in milliseconds
+    #[arg(long, env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS")]
+    pub prometheus_response_time_as_milliseconds: bool,
+
     /// Cap on metric series of detailed_metric/value_to_metric rules (the rest go to __overflow__)
     #[arg(long, env = "METRICS_MAX_DETAILED_SERIES", default_value = "10000")]
     pub metrics_max_detailed_series: usize,
