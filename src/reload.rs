@@ -56,6 +56,14 @@ pub struct ReloadOptions {
 /// The reloader's handles on the running service.
 pub struct Reloader {
     options: ReloadOptions,
+    swap: PolicySwap,
+}
+
+/// The all-or-nothing swap every config source goes through (the directory watcher, the xDS
+/// client): a valid policy replaces the one in force, an invalid one is logged, counted and
+/// shown in `/rlconfig` while the one in force stays.
+#[derive(Clone)]
+pub struct PolicySwap {
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     info: SharedConfigInfo,
@@ -94,43 +102,19 @@ impl ConfigMetrics {
     }
 }
 
-/// What identifies the state of the config files.
-type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
-
-impl Reloader {
-    /// A reloader that swaps policies into `limiter`.
-    pub fn new(
-        options: ReloadOptions,
-        limiter: Arc<Limiter>,
-        metrics: Arc<Metrics>,
-        info: SharedConfigInfo,
-    ) -> Self {
+impl PolicySwap {
+    /// A swap into `limiter`, counted in `metrics` and shown in `info`.
+    pub fn new(limiter: Arc<Limiter>, metrics: Arc<Metrics>, info: SharedConfigInfo) -> Self {
         Self {
-            options,
             limiter,
             metrics,
             info,
         }
     }
 
-    /// Loads the directory now (on a blocking thread) and swaps the policy in if it is
-    /// valid; returns whether it was.
-    pub async fn reload(&self, reason: &str) -> bool {
-        let (dir, load) = (self.options.dir.clone(), self.options.load);
-        let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir, load))
-            .await
-            .unwrap_or_else(|e| {
-                let dir = self.options.dir.display().to_string();
-                Err(vec![ConfigError::file(
-                    &dir,
-                    format!("config load failed: {e}"),
-                )])
-            });
-        self.apply(loaded, reason)
-    }
-
-    /// Swaps in a loaded policy, or keeps the old one and says why.
-    fn apply(&self, loaded: Result<Loaded, Vec<ConfigError>>, reason: &str) -> bool {
+    /// Swaps in a loaded policy, or keeps the old one and says why; returns whether it swapped.
+    /// `reason` says what brought it (a file change, SIGHUP, an xDS version).
+    pub fn apply(&self, loaded: Result<Loaded, Vec<ConfigError>>, reason: &str) -> bool {
         match loaded {
             Ok(loaded) => {
                 let domains = loaded.policy.domain_count();
@@ -167,6 +151,40 @@ impl Reloader {
                 false
             }
         }
+    }
+}
+
+/// What identifies the state of the config files.
+type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
+
+impl Reloader {
+    /// A reloader that swaps policies into `limiter`.
+    pub fn new(
+        options: ReloadOptions,
+        limiter: Arc<Limiter>,
+        metrics: Arc<Metrics>,
+        info: SharedConfigInfo,
+    ) -> Self {
+        Self {
+            options,
+            swap: PolicySwap::new(limiter, metrics, info),
+        }
+    }
+
+    /// Loads the directory now (on a blocking thread) and swaps the policy in if it is
+    /// valid; returns whether it was.
+    pub async fn reload(&self, reason: &str) -> bool {
+        let (dir, load) = (self.options.dir.clone(), self.options.load);
+        let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir, load))
+            .await
+            .unwrap_or_else(|e| {
+                let dir = self.options.dir.display().to_string();
+                Err(vec![ConfigError::file(
+                    &dir,
+                    format!("config load failed: {e}"),
+                )])
+            });
+        self.swap.apply(loaded, reason)
     }
 
     /// Watches until `shutdown` resolves; a reload under way is then abandoned (its thread
