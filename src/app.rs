@@ -21,12 +21,13 @@ use crate::config::{self, ConfigError, LoadOptions};
 use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::reload::{ConfigInfo, ReloadOptions, Reloader, SharedConfigInfo};
+use crate::reload::{ConfigInfo, PolicySwap, ReloadOptions, Reloader, SharedConfigInfo};
 use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::{Backend, Settings};
 use crate::store::redis::RedisOptions;
 use crate::store::{MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Store};
 use crate::tls::ReloadingTls;
+use crate::xds::XdsSource;
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -161,18 +162,32 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         )
         .with_response_time_in_milliseconds(settings.response_time_in_milliseconds),
     );
-    let loaded = config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
-    metrics.config.loaded(true);
+    let (loaded, source) = match &settings.xds {
+        // The control plane sends the rules once the service runs.
+        Some(xds) => (
+            config::Loaded {
+                policy: crate::policy::Policy::default(),
+                files: Vec::new(),
+            },
+            format!("xds {} (node {})", xds.server_url, xds.node_id),
+        ),
+        None => {
+            let loaded =
+                config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
+            metrics.config.loaded(true);
+            (loaded, settings.config_dir.display().to_string())
+        }
+    };
     let store = build_store(&settings, &time)?;
     tracing::info!(
-        directory = %settings.config_dir.display(),
+        source = %source,
         files = loaded.files.len(),
         domains = loaded.policy.domain_count(),
         store = store.status().kind,
         "rate limit config loaded"
     );
     let config = Arc::new(parking_lot::RwLock::new(ConfigInfo {
-        directory: settings.config_dir.display().to_string(),
+        directory: source,
         files: loaded.files,
         last_reload: None,
     }));
@@ -308,9 +323,13 @@ impl Prepared {
         health.set_config_loaded(self.limiter.policy().domain_count() > 0);
         health.require_store(self.settings.require_store);
         health.set_store_up(self.limiter.store().status().healthy);
+        if let Some(xds) = &self.settings.xds {
+            health.await_first_config(xds.force_start);
+        }
         let drain = CancellationToken::new();
         let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
-            .with_metrics(self.metrics.rls());
+            .with_metrics(self.metrics.rls())
+            .with_health(health.clone());
         let local = |l: &TcpListener| l.local_addr().map_err(|e| AppError::Serve(e.to_string()));
         let (grpc_addr, http_addr) = (local(&listeners.grpc)?, local(&listeners.http)?);
         let (reporter, grpc) = self.grpc_server(listeners.grpc, rls.clone(), &drain)?;
@@ -336,7 +355,22 @@ impl Prepared {
             self.settings.admin_connections,
             drain.clone().cancelled_owned(),
         );
-        let reloading = tokio::spawn(self.reloader().run(drain.clone().cancelled_owned()));
+        let stop = drain.clone().cancelled_owned();
+        let reloading = match &self.settings.xds {
+            Some(xds) => {
+                let swap = PolicySwap::new(
+                    self.limiter.clone(),
+                    self.metrics.clone(),
+                    self.config.clone(),
+                );
+                let load = LoadOptions {
+                    merge_domains: self.settings.merge_domains,
+                };
+                let source = XdsSource::new(xds.clone(), load, swap, health.clone());
+                tokio::spawn(source.run(stop))
+            }
+            None => tokio::spawn(self.reloader().run(stop)),
+        };
         if let Some(listener) = listeners.metrics {
             self.spawn_prometheus(listener, &drain);
         }
@@ -350,7 +384,10 @@ impl Prepared {
         };
         running.health.set_serving(true);
         report_health(&running.reporter, &running.health).await;
-        if self.settings.require_config || self.settings.require_store {
+        if self.settings.require_config
+            || self.settings.require_store
+            || self.settings.xds.is_some()
+        {
             tokio::spawn(follow_requirements(
                 running.reporter.clone(),
                 running.health.clone(),
@@ -535,27 +572,19 @@ async fn follow_requirements(
 ) {
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
     tokio::pin!(drain);
+    let mut reported = health.is_serving();
     loop {
         tokio::select! {
             _ = &mut drain => return,
             _ = tick.tick() => {}
         }
-        let (was_config, was_store) = (health.waits_for_config(), health.waits_for_store());
-        let loaded = limiter.policy().domain_count() > 0;
-        health.set_config_loaded(loaded);
+        health.set_config_loaded(limiter.policy().domain_count() > 0);
         health.set_store_up(limiter.store().status().healthy);
-        if health.waits_for_config() != was_config {
-            tracing::info!(
-                loaded,
-                "rate limit config with a domain in force: health follows"
-            );
-        }
-        if health.waits_for_store() != was_store {
-            let up = !health.waits_for_store();
-            tracing::info!(up, "the store answers: health follows");
-        }
-        if (health.waits_for_config(), health.waits_for_store()) != (was_config, was_store) {
+        let serving = health.is_serving();
+        if serving != reported {
+            tracing::info!(serving, reason = health.reason(), "health follows");
             report_health(&reporter, &health).await;
+            reported = serving;
         }
     }
 }

@@ -13,6 +13,10 @@ pub struct Health {
     has_config: AtomicBool,
     needs_store: AtomicBool,
     store_up: AtomicBool,
+    /// An xDS source has not delivered its first valid configuration yet.
+    awaiting_first: AtomicBool,
+    /// Readiness waits for it too (xDS without `FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    first_gates_readiness: AtomicBool,
 }
 
 impl Default for Health {
@@ -23,6 +27,8 @@ impl Default for Health {
             has_config: AtomicBool::new(false),
             needs_store: AtomicBool::new(false),
             store_up: AtomicBool::new(true),
+            awaiting_first: AtomicBool::new(false),
+            first_gates_readiness: AtomicBool::new(false),
         }
     }
 }
@@ -53,6 +59,31 @@ impl Health {
         self.store_up.store(up, Ordering::SeqCst);
     }
 
+    /// An xDS source is to deliver the first configuration; readiness waits for it unless
+    /// `force_start` (`FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    pub fn await_first_config(&self, force_start: bool) {
+        self.awaiting_first.store(true, Ordering::SeqCst);
+        self.first_gates_readiness
+            .store(!force_start, Ordering::SeqCst);
+    }
+
+    /// Records that a configuration from the source is in force.
+    pub fn set_first_config_in(&self, arrived: bool) {
+        if arrived {
+            self.awaiting_first.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether no configuration has arrived yet from a source that is to deliver one: the
+    /// decisions are errors until then.
+    pub fn awaits_first_config(&self) -> bool {
+        self.awaiting_first.load(Ordering::SeqCst)
+    }
+
+    fn first_gates(&self) -> bool {
+        self.first_gates_readiness.load(Ordering::SeqCst) && self.awaits_first_config()
+    }
+
     /// Whether readiness waits for the store.
     pub fn waits_for_store(&self) -> bool {
         self.needs_store.load(Ordering::SeqCst) && !self.store_up.load(Ordering::SeqCst)
@@ -61,7 +92,10 @@ impl Health {
     /// Whether the process is ready and not draining (and, where required, has a config and
     /// a store that answers).
     pub fn is_serving(&self) -> bool {
-        self.serving.load(Ordering::SeqCst) && !self.waits_for_config() && !self.waits_for_store()
+        self.serving.load(Ordering::SeqCst)
+            && !self.waits_for_config()
+            && !self.waits_for_store()
+            && !self.first_gates()
     }
 
     /// Whether readiness waits for a config with at least one domain.
@@ -75,6 +109,8 @@ impl Health {
             "draining"
         } else if self.waits_for_config() {
             "no rate limit config loaded"
+        } else if self.first_gates() {
+            "no rate limit configuration received from the control plane yet"
         } else if self.waits_for_store() {
             "the store does not answer"
         } else {

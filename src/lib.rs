@@ -31,6 +31,7 @@
 //!    - [`metrics`]: the Prometheus registry every layer registers into.
 //!    - [`health`]: the serving state health checks report.
 //!    - [`reload`]: the config watcher and the all-or-nothing swap.
+//!    - [`xds`]: the xDS config source, swapping what a control plane sends.
 //!    - [`shutdown`]: signals, and the drain they start.
 //! 5. Beside the service
 //!    - [`tools`]: the `check` and `bench` clients and the always-OK server.
@@ -67,6 +68,8 @@ pub mod metrics;
 pub mod health;
 
 pub mod reload;
+
+pub mod xds;
 
 pub mod shutdown;
 

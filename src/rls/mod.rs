@@ -34,6 +34,8 @@ pub struct RlsService {
     limiter: Arc<Limiter>,
     options: Arc<ResponseOptions>,
     metrics: Option<Arc<RlsMetrics>>,
+    /// Decisions are errors while it awaits the first configuration from a control plane.
+    health: Option<Arc<crate::health::Health>>,
 }
 
 impl RlsService {
@@ -48,7 +50,15 @@ impl RlsService {
             limiter,
             options: Arc::new(options),
             metrics: None,
+            health: None,
         }
+    }
+
+    /// Answers every decision with an error until `health` has its first configuration (an
+    /// xDS source), so that Envoy applies its own failure mode.
+    pub fn with_health(mut self, health: Arc<crate::health::Health>) -> Self {
+        self.health = Some(health);
+        self
     }
 
     /// Counts requests, answers and errors in `metrics`.
@@ -102,6 +112,13 @@ impl RlsService {
         request: RateLimitRequest,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, Status> {
+        if self
+            .health
+            .as_ref()
+            .is_some_and(|h| h.awaits_first_config())
+        {
+            return Err(Status::unavailable("no rate limit configuration loaded"));
+        }
         let summary = self
             .options
             .dynamic_metadata

@@ -13,6 +13,7 @@ mod shutdown;
 mod source;
 mod store;
 mod telemetry;
+mod xds;
 
 use clap::Args;
 
@@ -28,6 +29,8 @@ pub struct ServeArgs {
     listen: listen::ListenArgs,
     #[command(flatten)]
     source: source::SourceArgs,
+    #[command(flatten)]
+    xds: xds::XdsArgs,
     #[command(flatten)]
     store: store::StoreArgs,
     #[command(flatten)]
@@ -46,11 +49,16 @@ impl ServeArgs {
     /// Resolves defaults and checks what no single value's parser can (settings that need
     /// each other, files and addresses).
     pub fn into_settings(self) -> Result<Settings, SettingsError> {
-        self.source.check_type()?;
+        let xds = if self.source.is_xds()? {
+            Some(self.xds.resolve()?)
+        } else {
+            None
+        };
         let listen = self.listen.resolve()?;
         let stores = self.store.resolve(self.failure.redis_deadline)?;
         Ok(Settings {
             config_dir: self.source.config_dir(),
+            xds,
             grpc_addr: listen.grpc_addr,
             grpc_tls: listen.grpc_tls,
             http_addr: listen.http_addr,

@@ -34,6 +34,8 @@ use crate::tls::TlsFiles;
 pub struct Settings {
     /// Directory of YAML domain configs.
     pub config_dir: PathBuf,
+    /// The xDS config source, instead of the directory (`CONFIG_TYPE=GRPC_XDS_SOTW`).
+    pub xds: Option<XdsSettings>,
     /// gRPC listen address.
     pub grpc_addr: SocketAddr,
     /// TLS (and, with a client CA, mutual TLS) on the gRPC listener.
@@ -100,6 +102,46 @@ pub struct Settings {
     pub kubernetes: bool,
 }
 
+/// The xDS config source (`CONFIG_TYPE=GRPC_XDS_SOTW`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct XdsSettings {
+    /// The control plane's ADS address.
+    pub server_url: String,
+    /// The node id Sluice subscribes as.
+    pub node_id: String,
+    /// Node metadata (string values).
+    pub node_metadata: Vec<(String, String)>,
+    /// gRPC metadata sent with the subscription.
+    pub headers: Vec<(String, String)>,
+    /// Time allowed to connect.
+    pub connect_timeout: Duration,
+    /// First wait before reconnecting.
+    pub backoff_initial: Duration,
+    /// Longest wait between reconnections.
+    pub backoff_max: Duration,
+    /// Each wait is moved at random by up to this share of itself (0: not at all).
+    pub backoff_random: f64,
+    /// Largest control-plane message accepted.
+    pub max_message_bytes: usize,
+    /// Serve before the first configuration arrives (`FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    pub force_start: bool,
+    /// TLS to the control plane.
+    pub tls: Option<XdsTls>,
+}
+
+/// TLS to the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsTls {
+    /// CA bundle its certificate must chain to (`None`: the system roots).
+    pub ca: Option<PathBuf>,
+    /// Client certificate (mutual TLS).
+    pub cert: Option<PathBuf>,
+    /// Client key.
+    pub key: Option<PathBuf>,
+    /// Name its certificate must be valid for (`None`: the address's host).
+    pub server_name: Option<String>,
+}
+
 /// Where the separate Prometheus listener serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrometheusListener {
@@ -152,6 +194,7 @@ impl Settings {
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
         Self {
             config_dir: config_dir.into(),
+            xds: None,
             grpc_addr: loopback,
             grpc_tls: None,
             http_addr: loopback,

@@ -300,11 +300,23 @@ fn the_audit_names_what_is_set_and_not_acted_on() {
 }
 
 #[test]
-fn config_type_file_is_the_one_source() {
-    assert!(settings(&["--config-type", "file"]).is_ok());
-    let err = settings(&["--config-type", "GRPC_XDS_SOTW"]).unwrap_err();
-    assert!(
-        err.contains("CONFIG_TYPE") && err.contains("GRPC_XDS_SOTW"),
-        "{err}"
+fn config_type_is_file_or_xds_and_nothing_else() {
+    assert!(settings(&["--config-type", "file"]).unwrap().xds.is_none());
+    let xds = settings(&["--config-type", "GRPC_XDS_SOTW"]).unwrap().xds.unwrap();
+    assert_eq!(
+        (xds.server_url.as_str(), xds.node_id.as_str()),
+        ("localhost:18000", "default"),
+        "the reference's defaults"
     );
+    assert_eq!(xds.backoff_initial, Duration::from_secs(10));
+    let err = settings(&["--config-type", "ADS"]).unwrap_err();
+    assert!(err.contains("CONFIG_TYPE") && err.contains("ADS"), "{err}");
+    let err = settings(&[
+        "--config-type",
+        "GRPC_XDS_SOTW",
+        "--config-grpc-xds-node-metadata",
+        "zone",
+    ])
+    .unwrap_err();
+    assert!(err.contains("CONFIG_GRPC_XDS_NODE_METADATA"), "{err}");
 }

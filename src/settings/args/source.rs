@@ -27,7 +27,8 @@ pub struct SourceArgs {
     )]
     runtime_appdirectory: String,
 
-    /// Where the rules come from: FILE (the config directory) is the one source so far
+    /// Where the rules come from: FILE (the config directory) or GRPC_XDS_SOTW (an xDS control
+    /// plane, state of the world over ADS)
     #[arg(long, env = "CONFIG_TYPE", default_value = "FILE")]
     config_type: String,
 
@@ -46,16 +47,16 @@ pub struct SourceArgs {
 }
 
 impl SourceArgs {
-    /// Refuses a config source Sluice does not have, rather than serve without rules.
-    pub(super) fn check_type(&self) -> Result<(), SettingsError> {
-        if self.config_type.eq_ignore_ascii_case("FILE") {
-            return Ok(());
+    /// Whether the rules come from xDS (`GRPC_XDS_SOTW`) rather than the directory (`FILE`).
+    pub(super) fn is_xds(&self) -> Result<bool, SettingsError> {
+        match self.config_type.to_ascii_uppercase().as_str() {
+            "FILE" => Ok(false),
+            "GRPC_XDS_SOTW" => Ok(true),
+            _ => Err(named(
+                &["config_type"],
+                format!("'{}' is not one of FILE, GRPC_XDS_SOTW", self.config_type),
+            )),
         }
-        let message = format!(
-            "'{}' is not supported: only FILE (the config directory) is",
-            self.config_type
-        );
-        Err(named(&["config_type"], message))
     }
 
     /// `--config`, else the reference's `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`

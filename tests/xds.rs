@@ -1,0 +1,398 @@
+//! The xDS config source against a control plane in the test: an ADS server built on the real
+//! generated service (envoy-types), serving one snapshot as go-control-plane does (the
+//! version as the nonce), recording every request Sluice sends.
+
+mod common;
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use common::{TestServer, config_dir, http_get};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use parking_lot::Mutex;
+use prost::{Message, Name};
+use sluice::settings::{Settings, XdsSettings};
+use tokio::sync::watch;
+use tonic::codegen::tokio_stream::Stream;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// What the control plane serves: a version and its resources (`None`: nothing yet).
+type Snapshot = Option<(String, Vec<Any>)>;
+
+#[derive(Clone)]
+struct ControlPlane {
+    snapshot: watch::Sender<Snapshot>,
+    seen: std::sync::Arc<Mutex<Vec<DiscoveryRequest>>>,
+    /// Ends every stream (a control plane going away).
+    closed: watch::Sender<bool>,
+}
+
+type Responses = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for ControlPlane {
+    type StreamAggregatedResourcesStream = Responses;
+    type DeltaAggregatedResourcesStream =
+        Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Responses>, Status> {
+        let mut incoming = request.into_inner();
+        let seen = self.seen.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(request)) = incoming.message().await {
+                seen.lock().push(request);
+            }
+        });
+        let mut snapshot = self.snapshot.subscribe();
+        let mut closed = self.closed.subscribe();
+        let (out, responses) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                if *closed.borrow() {
+                    return;
+                }
+                let current = snapshot.borrow_and_update().clone();
+                if let Some((version, resources)) = current {
+                    let response = DiscoveryResponse {
+                        version_info: version.clone(),
+                        resources,
+                        type_url: RateLimitConfig::type_url(),
+                        nonce: version,
+                        ..Default::default()
+                    };
+                    if out.send(Ok(response)).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    changed = snapshot.changed() => if changed.is_err() { return },
+                    _ = closed.changed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(responses))))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("state of the world only"))
+    }
+}
+
+/// A control plane listening on a free port until dropped.
+struct Running {
+    plane: ControlPlane,
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Running {
+    async fn start() -> Self {
+        Self::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    async fn start_on(addr: std::net::SocketAddr) -> Self {
+        let plane = ControlPlane {
+            snapshot: watch::channel(None).0,
+            seen: Default::default(),
+            closed: watch::channel(false).0,
+        };
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let service = AggregatedDiscoveryServiceServer::new(plane.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                ),
+        );
+        Self {
+            plane,
+            addr,
+            stop: Some(stop),
+        }
+    }
+
+    fn serve(&self, version: &str, configs: &[RateLimitConfig]) {
+        let resources = configs
+            .iter()
+            .map(|c| Any {
+                type_url: RateLimitConfig::type_url(),
+                value: c.encode_to_vec(),
+            })
+            .collect();
+        self.plane
+            .snapshot
+            .send_replace(Some((version.into(), resources)));
+    }
+
+    fn serve_any(&self, version: &str, resources: Vec<Any>) {
+        self.plane
+            .snapshot
+            .send_replace(Some((version.into(), resources)));
+    }
+
+    /// Waits for the reply to `version` (its nonce): the request Sluice sent.
+    async fn reply_to(&self, version: &str) -> DiscoveryRequest {
+        let mut found = None;
+        let what = format!("a reply to version {version}");
+        common::eventually(&what, || {
+            found = self
+                .plane
+                .seen
+                .lock()
+                .iter()
+                .find(|r| r.response_nonce == version)
+                .cloned();
+            std::future::ready(found.is_some())
+        })
+        .await;
+        found.unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.plane.closed.send_replace(true);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Envoy Gateway's shape: a route descriptor whose value is the route name, nested
+/// `rule-N-match-M` descriptors; `per_hour` hits an hour.
+fn gateway(per_hour: u32) -> RateLimitConfig {
+    RateLimitConfig {
+        name: "default/eg/http".into(),
+        domain: "default/eg/http".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "httproute/default/backend/rule/0/match/0/example_com".into(),
+            value: "httproute/default/backend/rule/0/match/0/example_com".into(),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    key: "rule-0-match-0".into(),
+                    value: "rule-0-match-0".into(),
+                    rate_limit: Some(RateLimitPolicy {
+                        unit: RateLimitUnit::Hour as i32,
+                        requests_per_unit: per_hour,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                RateLimitDescriptor {
+                    key: "rule-0-match-1".into(),
+                    rate_limit: Some(RateLimitPolicy {
+                        unlimited: true,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }],
+    }
+}
+
+const ROUTE: &str = "httproute/default/backend/rule/0/match/0/example_com";
+
+fn settings(plane: &Running, force_start: bool) -> Settings {
+    let mut settings = Settings::for_tests(config_dir("xds-unused", &[]));
+    settings.xds = Some(XdsSettings {
+        server_url: plane.addr.to_string(),
+        node_id: "envoy-ratelimit".into(),
+        node_metadata: vec![("zone".into(), "a".into())],
+        headers: vec![("x-test".into(), "1".into())],
+        connect_timeout: Duration::from_secs(2),
+        backoff_initial: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(400),
+        backoff_random: 0.5,
+        max_message_bytes: 4 * 1024 * 1024,
+        force_start,
+        tls: None,
+    });
+    settings
+}
+
+fn spec(rule: &str) -> String {
+    format!("{ROUTE}={ROUTE},{rule}={rule}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_from_the_control_plane_are_enforced_and_acked() {
+    let plane = Running::start().await;
+    plane.serve("1", &[gateway(2)]);
+    let server = TestServer::start_with(settings(&plane, false)).await;
+    let ack = plane.reply_to("1").await;
+    assert_eq!(ack.version_info, "1");
+    assert!(ack.error_detail.is_none(), "{ack:?}");
+    let first = plane.plane.seen.lock()[0].clone();
+    assert_eq!(first.type_url, RateLimitConfig::type_url());
+    let node = first.node.unwrap();
+    assert_eq!(node.id, "envoy-ratelimit");
+    let domain = server.domain("default/eg/http");
+    let limited = spec("rule-0-match-0");
+    assert!(domain.hit(&limited).await.is_ok());
+    assert!(domain.hit(&limited).await.is_ok());
+    assert!(domain.hit(&limited).await.is_over_limit());
+    // Unlimited arrives as unit UNKNOWN.
+    let unlimited = domain
+        .hit(&format!("{ROUTE}={ROUTE},rule-0-match-1=x"))
+        .await;
+    assert_eq!(unlimited.remaining(), [u32::MAX]);
+    // A new snapshot changes what is enforced.
+    plane.serve("2", &[gateway(100)]);
+    assert_eq!(plane.reply_to("2").await.version_info, "2");
+    assert_eq!(
+        domain.hit(&limited).await.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        100
+    );
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("xds 127.0.0.1:"), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_snapshot_is_nacked_and_the_previous_one_stays() {
+    let plane = Running::start().await;
+    plane.serve("1", &[gateway(2)]);
+    let server = TestServer::start_with(settings(&plane, false)).await;
+    plane.reply_to("1").await;
+    let mut bad = gateway(2);
+    bad.domain.clear();
+    plane.serve("2", &[bad]);
+    let nack = plane.reply_to("2").await;
+    assert_eq!(nack.version_info, "1", "the last accepted version");
+    let detail = nack.error_detail.expect("a NACK says why");
+    assert!(detail.message.contains("empty domain"), "{detail:?}");
+    // A resource that does not decode, and one of the wrong type.
+    plane.serve_any(
+        "3",
+        vec![
+            Any {
+                type_url: RateLimitConfig::type_url(),
+                value: vec![0xff, 0xff, 0xff],
+            },
+            Any {
+                type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+                value: Vec::new(),
+            },
+        ],
+    );
+    let nack = plane.reply_to("3").await;
+    assert_eq!(nack.version_info, "1");
+    let message = nack.error_detail.unwrap().message;
+    assert!(
+        message.contains("does not decode") && message.contains("unexpected type_url"),
+        "{message}"
+    );
+    // Version 1 is still in force.
+    let domain = server.domain("default/eg/http");
+    let limited = spec("rule-0-match-0");
+    assert!(domain.hit(&limited).await.is_ok());
+    assert!(domain.hit(&limited).await.is_ok());
+    assert!(domain.hit(&limited).await.is_over_limit());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_control_plane_is_picked_up_and_the_policy_stays_meanwhile() {
+    let plane = Running::start().await;
+    let addr = plane.addr;
+    plane.serve("1", &[gateway(2)]);
+    let server = TestServer::start_with(settings(&plane, false)).await;
+    plane.reply_to("1").await;
+    drop(plane);
+    // Gone: the policy in force still decides.
+    let domain = server.domain("default/eg/http");
+    let limited = spec("rule-0-match-0");
+    assert!(domain.hit(&limited).await.is_ok());
+    // Back on the same address, with a new version: Sluice reconnects within its backoff.
+    let plane = Running::start_on(addr).await;
+    plane.serve("2", &[gateway(100)]);
+    assert_eq!(plane.reply_to("2").await.version_info, "2");
+    let r = domain.hit(&limited).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        100
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_force_start_readiness_waits_for_the_first_config() {
+    let plane = Running::start().await;
+    let server = TestServer::start_unready(settings(&plane, false)).await;
+    let (status, body) = http_get(server.http_addr, "/healthcheck").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    let error = server
+        .domain("default/eg/http")
+        .try_hits(&spec("rule-0-match-0"), 1)
+        .await
+        .unwrap_err();
+    assert_eq!(error.message(), "no rate limit configuration loaded");
+    plane.serve("1", &[gateway(2)]);
+    common::eventually("ready once the first config is in", || async {
+        http_get(server.http_addr, "/healthcheck").await.unwrap().0 == 200
+    })
+    .await;
+    assert!(
+        server
+            .domain("default/eg/http")
+            .hit(&spec("rule-0-match-0"))
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_force_start_it_serves_at_once_and_errors_until_the_first_config() {
+    let plane = Running::start().await;
+    let server = TestServer::start_with(settings(&plane, true)).await;
+    assert_eq!(
+        http_get(server.http_addr, "/healthcheck").await.unwrap().0,
+        200
+    );
+    let domain = server.domain("default/eg/http");
+    let error = domain
+        .try_hits(&spec("rule-0-match-0"), 1)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), tonic::Code::Unavailable);
+    plane.serve("1", &[gateway(2)]);
+    plane.reply_to("1").await;
+    common::eventually("decisions once the first config is in", || async {
+        domain.try_hits(&spec("rule-0-match-0"), 1).await.is_ok()
+    })
+    .await;
+    // 2 an hour: the hit that found the config in force, this one, then no more.
+    assert_eq!(domain.hit(&spec("rule-0-match-0")).await.remaining(), [0]);
+    let r = domain.hit(&spec("rule-0-match-0")).await;
+    assert_eq!(r.code(), Code::OverLimit);
+}
