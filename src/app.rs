@@ -190,6 +190,7 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         directory: source,
         files: loaded.files,
         last_reload: None,
+        connection: None,
     }));
     let limiter = Arc::new(
         Limiter::new(Arc::new(loaded.policy), store, settings.limiter)

@@ -35,6 +35,8 @@ pub struct ConfigInfo {
     pub files: Vec<String>,
     /// The last reload's outcome, if there was one.
     pub last_reload: Option<String>,
+    /// The config source's connection (xDS: subscribed, or why not), if it has one.
+    pub connection: Option<String>,
 }
 
 /// Shared, updated by reloads.
@@ -103,6 +105,11 @@ impl ConfigMetrics {
 }
 
 impl PolicySwap {
+    /// Records the source's connection state for `/rlconfig`.
+    pub fn connection(&self, state: String) {
+        self.info.write().connection = Some(state);
+    }
+
     /// A swap into `limiter`, counted in `metrics` and shown in `info`.
     pub fn new(limiter: Arc<Limiter>, metrics: Arc<Metrics>, info: SharedConfigInfo) -> Self {
         Self {

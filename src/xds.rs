@@ -77,12 +77,16 @@ impl XdsSource {
                 // A session that got a response starts the backoff over.
                 Ok(true) => wait = self.settings.backoff_initial,
                 Ok(false) => {}
-                Err(error) => tracing::warn!(
-                    server = %self.settings.server_url,
-                    %error,
-                    retry_in = ?wait,
-                    "xDS control plane unreachable or stream failed; the config in force stays"
-                ),
+                Err(error) => {
+                    tracing::warn!(
+                        server = %self.settings.server_url,
+                        %error,
+                        retry_in = ?wait,
+                        "xDS control plane unreachable or stream failed; the config in force stays"
+                    );
+                    self.swap
+                        .connection(format!("unreachable ({error}); retrying"));
+                }
             }
             let pause = jittered(wait, self.settings.backoff_random);
             tokio::select! {
@@ -119,6 +123,10 @@ impl XdsSource {
             .map_err(|status| status.to_string())?
             .into_inner();
         tracing::info!(server = %self.settings.server_url, node = %self.settings.node_id, "xDS subscribed");
+        self.swap.connection(format!(
+            "subscribed to {} as node {}",
+            self.settings.server_url, self.settings.node_id
+        ));
         let mut got = false;
         while let Some(response) = responses.message().await.map_err(|s| s.to_string())? {
             got = true;
@@ -128,6 +136,8 @@ impl XdsSource {
             }
         }
         tracing::info!(server = %self.settings.server_url, "xDS stream ended by the control plane");
+        self.swap
+            .connection("stream ended by the control plane; resubscribing".into());
         Ok(got)
     }
 

@@ -107,7 +107,27 @@ impl Running {
         Self::start_on("127.0.0.1:0".parse().unwrap()).await
     }
 
+    /// A control plane as Envoy Gateway's: TLS with the certificates in `certs`
+    /// (`common::certs`), client certificates from the same CA required.
+    async fn start_mutual_tls(certs: &std::path::Path) -> Self {
+        let read = |name: &str| std::fs::read(certs.join(name)).unwrap();
+        let tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(
+                read("server.crt"),
+                read("server.key"),
+            ))
+            .client_ca_root(tonic::transport::Certificate::from_pem(read("ca.crt")));
+        Self::start_with("127.0.0.1:0".parse().unwrap(), Some(tls)).await
+    }
+
     async fn start_on(addr: std::net::SocketAddr) -> Self {
+        Self::start_with(addr, None).await
+    }
+
+    async fn start_with(
+        addr: std::net::SocketAddr,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> Self {
         let plane = ControlPlane {
             snapshot: watch::channel(None).0,
             seen: Default::default(),
@@ -117,16 +137,16 @@ impl Running {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = AggregatedDiscoveryServiceServer::new(plane.clone());
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(
-                    tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener),
-                    async {
-                        let _ = stopped.await;
-                    },
-                ),
-        );
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).unwrap();
+        }
+        tokio::spawn(builder.add_service(service).serve_with_incoming_shutdown(
+            tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Self {
             plane,
             addr,
@@ -274,6 +294,14 @@ async fn rules_from_the_control_plane_are_enforced_and_acked() {
     );
     let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
     assert!(page.contains("xds 127.0.0.1:"), "{page}");
+    assert!(
+        page.contains("# source: subscribed to 127.0.0.1:"),
+        "{page}"
+    );
+    assert!(
+        page.contains("# last reload: ok at") && page.contains("(xds version 2)"),
+        "{page}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,4 +423,43 @@ async fn with_force_start_it_serves_at_once_and_errors_until_the_first_config() 
     assert_eq!(domain.hit(&spec("rule-0-match-0")).await.remaining(), [0]);
     let r = domain.hit(&spec("rule-0-match-0")).await;
     assert_eq!(r.code(), Code::OverLimit);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_is_reached_over_mutual_tls() {
+    let certs = common::temp_dir("xds-certs");
+    common::certs::make(&certs);
+    let plane = Running::start_mutual_tls(&certs).await;
+    plane.serve("1", &[gateway(2)]);
+    let tls = |cert: bool| sluice::settings::XdsTls {
+        ca: Some(certs.join("ca.crt")),
+        cert: cert.then(|| certs.join("client.crt")),
+        key: cert.then(|| certs.join("client.key")),
+        server_name: Some("localhost".into()),
+    };
+    let mut with_cert = settings(&plane, false);
+    with_cert.xds.as_mut().unwrap().tls = Some(tls(true));
+    let server = TestServer::start_with(with_cert).await;
+    assert!(plane.reply_to("1").await.error_detail.is_none());
+    let domain = server.domain("default/eg/http");
+    assert!(domain.hit(&spec("rule-0-match-0")).await.is_ok());
+    // Without a client certificate the control plane lets nobody in: never ready.
+    let plane = Running::start_mutual_tls(&certs).await;
+    plane.serve("1", &[gateway(2)]);
+    let mut without = settings(&plane, false);
+    without.xds.as_mut().unwrap().tls = Some(tls(false));
+    let refused = TestServer::start_unready(without).await;
+    common::eventually("/rlconfig says the control plane refused", || async {
+        let (_, page) = http_get(refused.http_addr, "/rlconfig").await.unwrap();
+        page.contains("# source: unreachable")
+    })
+    .await;
+    assert_eq!(
+        http_get(refused.http_addr, "/healthcheck").await.unwrap().0,
+        503
+    );
+    assert!(
+        plane.plane.seen.lock().is_empty(),
+        "no subscription got through"
+    );
 }

@@ -149,6 +149,9 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
     if let Some(reload) = &config.last_reload {
         let _ = writeln!(out, "# last reload: {reload}");
     }
+    if let Some(connection) = &config.connection {
+        let _ = writeln!(out, "# source: {connection}");
+    }
     let store = state.limiter.store().status();
     let _ = write!(out, "# store: {}", store.kind);
     if let (Some(tracked), Some(max)) = (store.tracked_keys, store.max_keys) {

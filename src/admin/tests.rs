@@ -26,6 +26,7 @@ fn state(serving: bool) -> AdminState {
             directory: "cfg".into(),
             files: vec!["d.yaml".into()],
             last_reload: None,
+            connection: None,
         })),
     }
 }

@@ -302,7 +302,10 @@ fn the_audit_names_what_is_set_and_not_acted_on() {
 #[test]
 fn config_type_is_file_or_xds_and_nothing_else() {
     assert!(settings(&["--config-type", "file"]).unwrap().xds.is_none());
-    let xds = settings(&["--config-type", "GRPC_XDS_SOTW"]).unwrap().xds.unwrap();
+    let xds = settings(&["--config-type", "GRPC_XDS_SOTW"])
+        .unwrap()
+        .xds
+        .unwrap();
     assert_eq!(
         (xds.server_url.as_str(), xds.node_id.as_str()),
         ("localhost:18000", "default"),
