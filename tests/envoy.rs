@@ -251,3 +251,51 @@ async fn three_per_minute_through_envoy_then_fail_open_when_sluice_is_gone() {
         assert_eq!(get(&edge, "three-per-minute").await.0, 200);
     }
 }
+
+/// Rules from an xDS control plane, enforced by a real Envoy: pushing a new snapshot changes
+/// what Envoy enforces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_pushed_over_xds_are_what_envoy_enforces() {
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+    let per_hour = |n: u32| RateLimitConfig {
+        name: "edge".into(),
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "api_key".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: RateLimitUnit::Hour as i32,
+                requests_per_unit: n,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    };
+    let plane = common::xds::Running::start().await;
+    plane.serve("1", &[per_hour(1)]);
+    let mut settings = sluice::settings::Settings::for_tests(common::config_dir("xds-edge", &[]));
+    settings.xds = Some(sluice::settings::XdsSettings {
+        server_url: plane.addr.to_string(),
+        node_id: "envoy-ratelimit".into(),
+        node_metadata: Vec::new(),
+        headers: Vec::new(),
+        connect_timeout: Duration::from_secs(2),
+        backoff_initial: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(400),
+        backoff_random: 0.5,
+        max_message_bytes: 4 * 1024 * 1024,
+        force_start: false,
+        tls: None,
+    });
+    let sluice = TestServer::start_with(settings).await;
+    let envoy = start_envoy(sluice.grpc_addr.port()).await;
+    assert_eq!(get(&envoy, "xds-a").await.0, 200);
+    assert_eq!(get(&envoy, "xds-a").await.0, 429, "one an hour");
+    plane.serve("2", &[per_hour(3)]);
+    plane.reply_to("2").await;
+    for _ in 0..3 {
+        assert_eq!(get(&envoy, "xds-b").await.0, 200, "three an hour now");
+    }
+    assert_eq!(get(&envoy, "xds-b").await.0, 429);
+}

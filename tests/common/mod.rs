@@ -5,6 +5,7 @@ pub mod certs;
 pub mod envoy;
 pub mod redis;
 pub mod reference;
+pub mod xds;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -1,0 +1,195 @@
+//! An xDS control plane for tests: an ADS server built on the real generated service
+//! (envoy-types), serving one snapshot as go-control-plane does (the version as the nonce),
+//! recording every request a client sends.
+#![allow(dead_code)]
+
+use std::pin::Pin;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
+use parking_lot::Mutex;
+use prost::{Message, Name};
+use tokio::sync::watch;
+use tonic::codegen::tokio_stream::Stream;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// What the control plane serves: a version and its resources (`None`: nothing yet).
+type Snapshot = Option<(String, Vec<Any>)>;
+
+#[derive(Clone)]
+pub struct ControlPlane {
+    snapshot: watch::Sender<Snapshot>,
+    pub seen: std::sync::Arc<Mutex<Vec<DiscoveryRequest>>>,
+    /// Ends every stream (a control plane going away).
+    closed: watch::Sender<bool>,
+}
+
+type Responses = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for ControlPlane {
+    type StreamAggregatedResourcesStream = Responses;
+    type DeltaAggregatedResourcesStream =
+        Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Responses>, Status> {
+        let mut incoming = request.into_inner();
+        let seen = self.seen.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(request)) = incoming.message().await {
+                seen.lock().push(request);
+            }
+        });
+        let mut snapshot = self.snapshot.subscribe();
+        let mut closed = self.closed.subscribe();
+        let (out, responses) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                if *closed.borrow() {
+                    return;
+                }
+                let current = snapshot.borrow_and_update().clone();
+                if let Some((version, resources)) = current {
+                    let response = DiscoveryResponse {
+                        version_info: version.clone(),
+                        resources,
+                        type_url: RateLimitConfig::type_url(),
+                        nonce: version,
+                        ..Default::default()
+                    };
+                    if out.send(Ok(response)).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    changed = snapshot.changed() => if changed.is_err() { return },
+                    _ = closed.changed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(responses))))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("state of the world only"))
+    }
+}
+
+/// A control plane listening on a free port until dropped.
+pub struct Running {
+    pub plane: ControlPlane,
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Running {
+    pub async fn start() -> Self {
+        Self::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// A control plane as Envoy Gateway's: TLS with the certificates in `certs`
+    /// (`common::certs`), client certificates from the same CA required.
+    pub async fn start_mutual_tls(certs: &std::path::Path) -> Self {
+        let read = |name: &str| std::fs::read(certs.join(name)).unwrap();
+        let tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(
+                read("server.crt"),
+                read("server.key"),
+            ))
+            .client_ca_root(tonic::transport::Certificate::from_pem(read("ca.crt")));
+        Self::start_with("127.0.0.1:0".parse().unwrap(), Some(tls)).await
+    }
+
+    pub async fn start_on(addr: std::net::SocketAddr) -> Self {
+        Self::start_with(addr, None).await
+    }
+
+    pub async fn start_with(
+        addr: std::net::SocketAddr,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> Self {
+        let plane = ControlPlane {
+            snapshot: watch::channel(None).0,
+            seen: Default::default(),
+            closed: watch::channel(false).0,
+        };
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let service = AggregatedDiscoveryServiceServer::new(plane.clone());
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).unwrap();
+        }
+        tokio::spawn(builder.add_service(service).serve_with_incoming_shutdown(
+            tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            plane,
+            addr,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn serve(&self, version: &str, configs: &[RateLimitConfig]) {
+        let resources = configs
+            .iter()
+            .map(|c| Any {
+                type_url: RateLimitConfig::type_url(),
+                value: c.encode_to_vec(),
+            })
+            .collect();
+        self.plane
+            .snapshot
+            .send_replace(Some((version.into(), resources)));
+    }
+
+    pub fn serve_any(&self, version: &str, resources: Vec<Any>) {
+        self.plane
+            .snapshot
+            .send_replace(Some((version.into(), resources)));
+    }
+
+    /// Waits for the reply to `version` (its nonce): the request Sluice sent.
+    pub async fn reply_to(&self, version: &str) -> DiscoveryRequest {
+        let mut found = None;
+        let what = format!("a reply to version {version}");
+        super::eventually(&what, || {
+            found = self
+                .plane
+                .seen
+                .lock()
+                .iter()
+                .find(|r| r.response_nonce == version)
+                .cloned();
+            std::future::ready(found.is_some())
+        })
+        .await;
+        found.unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.plane.closed.send_replace(true);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
