@@ -277,3 +277,56 @@ async fn the_control_plane_is_reached_over_mutual_tls() {
         "no subscription got through"
     );
 }
+
+/// A node id the control plane has no snapshot for gets nothing: Sluice stays up, unready,
+/// asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_node_id_gets_nothing_and_sluice_stays_up() {
+    let plane = Running::start().await;
+    plane.only_for("envoy-ratelimit");
+    plane.serve("1", &[gateway(2)]);
+    let mut wrong = settings(&plane, false);
+    wrong.xds.as_mut().unwrap().node_id = "someone-else".into();
+    let server = TestServer::start_unready(wrong).await;
+    common::eventually("subscribed", || {
+        std::future::ready(!plane.plane.seen.lock().is_empty())
+    })
+    .await;
+    let (status, body) = http_get(server.http_addr, "/healthcheck").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no rate limit configuration"), "{body}");
+    let (status, _) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert_eq!(status, 200, "up and answering");
+}
+
+/// A response over `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` is refused by the transport: the
+/// stream fails, the policy in force stays, and Sluice says so and asks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_size_limit_changes_nothing() {
+    let plane = Running::start().await;
+    plane.serve("1", &[gateway(2)]);
+    let mut small = settings(&plane, false);
+    small.xds.as_mut().unwrap().max_message_bytes = 2048;
+    let server = TestServer::start_with(small).await;
+    plane.reply_to("1").await;
+    let mut huge = gateway(100);
+    huge.name = "x".repeat(4096);
+    plane.serve("2", &[huge]);
+    common::eventually("/rlconfig says the stream failed", || async {
+        let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+        page.contains("# source: unreachable")
+    })
+    .await;
+    let r = server
+        .domain("default/eg/http")
+        .hit(&spec("rule-0-match-0"))
+        .await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        2
+    );
+}

@@ -29,6 +29,8 @@ pub struct ControlPlane {
     pub seen: std::sync::Arc<Mutex<Vec<DiscoveryRequest>>>,
     /// Ends every stream (a control plane going away).
     closed: watch::Sender<bool>,
+    /// Serves only this node id, if set (go-control-plane's snapshot per node).
+    node: std::sync::Arc<Mutex<Option<String>>>,
 }
 
 type Responses = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
@@ -44,7 +46,19 @@ impl AggregatedDiscoveryService for ControlPlane {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Responses>, Status> {
         let mut incoming = request.into_inner();
+        // The first request names the node: a node without a snapshot gets nothing.
+        let first = incoming
+            .message()
+            .await?
+            .ok_or_else(|| Status::aborted("no request"))?;
+        let node = first
+            .node
+            .as_ref()
+            .map(|n| n.id.clone())
+            .unwrap_or_default();
+        let served = self.node.lock().as_ref().is_none_or(|only| *only == node);
         let seen = self.seen.clone();
+        seen.lock().push(first);
         tokio::spawn(async move {
             while let Ok(Some(request)) = incoming.message().await {
                 seen.lock().push(request);
@@ -59,7 +73,7 @@ impl AggregatedDiscoveryService for ControlPlane {
                     return;
                 }
                 let current = snapshot.borrow_and_update().clone();
-                if let Some((version, resources)) = current {
+                if let Some((version, resources)) = current.filter(|_| served) {
                     let response = DiscoveryResponse {
                         version_info: version.clone(),
                         resources,
@@ -125,6 +139,7 @@ impl Running {
             snapshot: watch::channel(None).0,
             seen: Default::default(),
             closed: watch::channel(false).0,
+            node: Default::default(),
         };
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -145,6 +160,11 @@ impl Running {
             addr,
             stop: Some(stop),
         }
+    }
+
+    /// Serves only `node` from now on.
+    pub fn only_for(&self, node: &str) {
+        *self.plane.node.lock() = Some(node.to_owned());
     }
 
     pub fn serve(&self, version: &str, configs: &[RateLimitConfig]) {
