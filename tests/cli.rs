@@ -472,3 +472,23 @@ async fn the_debug_listener_serves_rlconfig() {
     assert!(body.contains("cli.user"), "{body}");
     drop(served);
 }
+
+/// `deploy/envoy-gateway/`: the Helm values put Sluice's image in the rate limit Deployment
+/// with a Redis backend, and the policy example is a global limit.
+#[test]
+fn the_envoy_gateway_example_uses_the_sluice_image_and_a_global_limit() {
+    let read = |name: &str| -> serde_yaml::Value {
+        let text = std::fs::read_to_string(format!("deploy/envoy-gateway/{name}")).unwrap();
+        serde_yaml::from_str(&text).unwrap()
+    };
+    let values = read("envoy-gateway-values.yaml");
+    let eg = &values["config"]["envoyGateway"];
+    let image = eg["provider"]["kubernetes"]["rateLimitDeployment"]["container"]["image"]
+        .as_str()
+        .unwrap();
+    assert!(image.contains("sluice"), "{image}");
+    assert_eq!(eg["rateLimit"]["backend"]["type"].as_str(), Some("Redis"));
+    let policy = read("backend-traffic-policy.yaml");
+    assert_eq!(policy["kind"].as_str(), Some("BackendTrafficPolicy"));
+    assert_eq!(policy["spec"]["rateLimit"]["type"].as_str(), Some("Global"));
+}
