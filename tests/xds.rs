@@ -330,3 +330,72 @@ async fn a_response_over_the_size_limit_changes_nothing() {
         2
     );
 }
+
+/// Envoy Gateway's environment for the reference, verbatim but for paths and ports, against a
+/// control plane that requires client certificates: the rules it pushes are enforced over
+/// mutual TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateways_environment_works_unchanged() {
+    let certs = common::temp_dir("xds-eg-certs");
+    common::certs::make(&certs);
+    let file = |name: &str| certs.join(name).to_str().unwrap().to_owned();
+    let plane = Running::start_mutual_tls(&certs).await;
+    plane.only_for("envoy-ratelimit");
+    plane.serve("1", &[gateway(2)]);
+    let url = format!("localhost:{}", plane.addr.port());
+    let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
+    let (client_cert, client_key) = (file("client.crt"), file("client.key"));
+    let dir = config_dir("xds-eg", &[]);
+    let env = [
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", url.as_str()),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
+        ("GRPC_SERVER_TLS_KEY", key.as_str()),
+        ("GRPC_SERVER_TLS_CA_CERT", ca.as_str()),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", client_cert.as_str()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", client_key.as_str()),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca.as_str()),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+    ];
+    let served = common::SluiceProcess::spawn_with_env(&dir, &[], &env);
+    assert!(
+        !served
+            .startup_log
+            .iter()
+            .any(|l| l.contains("set but not supported")),
+        "{:?}",
+        served.startup_log
+    );
+    plane.reply_to("1").await;
+    let check = || {
+        let descriptor = spec("rule-0-match-0");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "check",
+                "--addr",
+                &served.grpc,
+                "--domain",
+                "default/eg/http",
+            ])
+            .args(["--descriptor", &descriptor, "--tls-ca", &ca])
+            .args(["--tls-cert", &client_cert, "--tls-key", &client_key])
+            .args(["--tls-server-name", "localhost"])
+            .output()
+            .unwrap();
+        out.status.code()
+    };
+    assert_eq!(check(), Some(0));
+    assert_eq!(check(), Some(0));
+    assert_eq!(check(), Some(2), "OVER_LIMIT: two an hour");
+}
