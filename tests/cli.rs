@@ -323,7 +323,8 @@ fn envoy_gateways_tls_variables_require_client_certificates() {
             ("USE_STATSD", "false"),
             ("RUNTIME_IGNOREDOTFILES", "true"),
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SERVICE_NAME", "ratelimit"),
         ],
     );
     let warning = served
@@ -332,8 +333,9 @@ fn envoy_gateways_tls_variables_require_client_certificates() {
         .find(|l| l.contains("set but not supported"))
         .expect("a warning names what is not supported");
     assert!(
-        warning.contains("FORCE_START_WITHOUT_INITIAL_CONFIG, CONFIG_GRPC_XDS_NODE_ID")
-            && !warning.contains("USE_STATSD"),
+        warning.contains("TRACING_ENABLED, TRACING_SERVICE_NAME")
+            && !warning.contains("USE_STATSD")
+            && !warning.contains("FORCE_START"),
         "{warning}"
     );
     let check = |extra: &[&str]| {
