@@ -309,11 +309,37 @@ impl Prepared {
     /// not stop the service from starting; it then serves by its failure policy. (`&mut`:
     /// `hurry` is `Send` but not `Sync`, so `&self` could not be held across an await.)
     async fn warm_up(&mut self) {
-        if tokio::time::timeout(WARM_UP_LIMIT, self.limiter.store().warm_up())
+        let startup = self.settings.store_startup;
+        let store = self.limiter.store();
+        if startup.max_elapsed.is_zero() {
+            if tokio::time::timeout(WARM_UP_LIMIT, store.warm_up())
+                .await
+                .is_err()
+            {
+                tracing::warn!(limit = ?WARM_UP_LIMIT, "store not ready at startup; serving by failure_mode until it is");
+            }
+            return;
+        }
+        // REDIS_STARTUP_*: retry with a doubling wait, within the time given.
+        let attempts = async {
+            let mut wait = startup.initial;
+            loop {
+                store.warm_up().await;
+                match store.probe().await {
+                    Ok(()) => return,
+                    Err(error) => {
+                        tracing::info!(%error, retry_in = ?wait, "store not ready at startup")
+                    }
+                }
+                tokio::time::sleep(wait).await;
+                wait = wait.saturating_mul(2).min(startup.max_interval);
+            }
+        };
+        if tokio::time::timeout(startup.max_elapsed, attempts)
             .await
             .is_err()
         {
-            tracing::warn!(limit = ?WARM_UP_LIMIT, "store not ready at startup; serving by failure_mode until it is");
+            tracing::warn!(limit = ?startup.max_elapsed, "store not ready after REDIS_STARTUP_MAX_ELAPSED_TIME; serving by failure_mode until it is");
         }
     }
 

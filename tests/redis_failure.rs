@@ -364,3 +364,37 @@ async fn health_can_follow_the_store() {
     })
     .await;
 }
+
+/// `REDIS_STARTUP_*`: with Redis not there, start-up retries it with a doubling wait for at
+/// most `REDIS_STARTUP_MAX_ELAPSED_TIME`, then serves by the failure mode.
+#[test]
+fn startup_retries_the_store_for_the_time_given_then_serves() {
+    let dir = config_dir("startup", &[("open.yaml", OPEN)]);
+    let nobody = format!("127.0.0.1:{}", common::redis::free_port());
+    let served = common::SluiceProcess::spawn_with_env(
+        &dir,
+        &[],
+        &[
+            ("REDIS_URL", nobody.as_str()),
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_TIMEOUT", "100ms"),
+            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "3s"),
+            ("REDIS_STARTUP_INITIAL_INTERVAL", "100ms"),
+            ("REDIS_STARTUP_MAX_INTERVAL", "200ms"),
+        ],
+    );
+    let retries = served
+        .startup_log
+        .iter()
+        .filter(|l| l.contains("store not ready at startup"))
+        .count();
+    assert!(retries >= 2, "{:?}", served.startup_log);
+    assert!(
+        served
+            .startup_log
+            .iter()
+            .any(|l| l.contains("not ready after REDIS_STARTUP_MAX_ELAPSED_TIME")),
+        "{:?}",
+        served.startup_log
+    );
+}

@@ -77,6 +77,11 @@ impl ServeArgs {
             merge_domains: self.source.merge_domain_config,
             require_config: self.source.healthy_with_at_least_one_config_loaded,
             require_store: self.failure.redis_health_check_active_connection,
+            store_startup: crate::settings::StoreStartup {
+                max_elapsed: self.failure.redis_startup_max_elapsed_time,
+                initial: self.failure.redis_startup_initial_interval,
+                max_interval: self.failure.redis_startup_max_interval,
+            },
             config_watch_interval: self.source.config_watch_interval,
             memory: stores.memory,
             near_limit_ratio: self.telemetry.near_limit_ratio,

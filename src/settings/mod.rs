@@ -77,6 +77,8 @@ pub struct Settings {
     pub require_config: bool,
     /// Unhealthy while the store does not answer (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
     pub require_store: bool,
+    /// How long start-up waits for the store (`REDIS_STARTUP_*`).
+    pub store_startup: StoreStartup,
     /// How often the config directory is checked for changes (0: only on SIGHUP).
     pub config_watch_interval: Duration,
     /// In-memory store limits.
@@ -100,6 +102,27 @@ pub struct Settings {
     pub shutdown_delay: Duration,
     /// Running under Kubernetes (several replicas are likely).
     pub kubernetes: bool,
+}
+
+/// How long start-up waits for the store before serving by the failure mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStartup {
+    /// Retry for at most this long (`REDIS_STARTUP_MAX_ELAPSED_TIME`); zero: one attempt.
+    pub max_elapsed: Duration,
+    /// First wait between attempts.
+    pub initial: Duration,
+    /// Longest wait between attempts.
+    pub max_interval: Duration,
+}
+
+impl Default for StoreStartup {
+    fn default() -> Self {
+        Self {
+            max_elapsed: Duration::ZERO,
+            initial: Duration::from_secs(1),
+            max_interval: Duration::from_secs(30),
+        }
+    }
 }
 
 /// The xDS config source (`CONFIG_TYPE=GRPC_XDS_SOTW`).
@@ -219,6 +242,7 @@ impl Settings {
             merge_domains: false,
             require_config: false,
             require_store: false,
+            store_startup: StoreStartup::default(),
             config_watch_interval: Duration::from_millis(200),
             memory: MemoryOptions::default(),
             near_limit_ratio: 0.8,

@@ -434,9 +434,8 @@ impl SluiceProcess {
 
     /// [`SluiceProcess::spawn`] with these environment variables set.
     pub fn spawn_with_env(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command.envs(env.iter().copied());
-        Self::run(command, dir, args)
+        let command = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        Self::run(command, dir, args, env)
     }
 
     /// [`SluiceProcess::spawn`] with at most `files` open file descriptors (`ulimit -n`).
@@ -446,10 +445,15 @@ impl SluiceProcess {
             .arg("-c")
             .arg(format!("ulimit -n {files} && exec \"$0\" \"$@\""))
             .arg(env!("CARGO_BIN_EXE_sluice"));
-        Self::run(shell, dir, args)
+        Self::run(shell, dir, args, &[])
     }
 
-    fn run(mut command: std::process::Command, dir: &std::path::Path, args: &[&str]) -> Self {
+    fn run(
+        mut command: std::process::Command,
+        dir: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         use std::io::{BufRead, BufReader};
         let mut child = command
             .args(["serve", "--config"])
@@ -461,6 +465,7 @@ impl SluiceProcess {
             .env("SHUTDOWN_DELAY", "0s")
             .env_remove("REDIS_URL")
             .env_remove("BACKEND_TYPE")
+            .envs(env.iter().copied())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();

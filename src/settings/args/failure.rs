@@ -40,6 +40,20 @@ pub struct FailureArgs {
     #[arg(long, env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")]
     pub redis_health_check_active_connection: bool,
 
+    /// At start-up, retry the store for at most this long before serving (first wait
+    /// REDIS_STARTUP_INITIAL_INTERVAL, doubling up to REDIS_STARTUP_MAX_INTERVAL); 0: one
+    /// attempt of at most 5 s, then serve by the failure mode
+    #[arg(long, env = "REDIS_STARTUP_MAX_ELAPSED_TIME", default_value = "0", value_parser = parse_duration)]
+    pub redis_startup_max_elapsed_time: Duration,
+
+    /// First wait between start-up attempts
+    #[arg(long, env = "REDIS_STARTUP_INITIAL_INTERVAL", default_value = "1s", value_parser = parse_positive_duration)]
+    pub redis_startup_initial_interval: Duration,
+
+    /// Longest wait between start-up attempts
+    #[arg(long, env = "REDIS_STARTUP_MAX_INTERVAL", default_value = "30s", value_parser = parse_positive_duration)]
+    pub redis_startup_max_interval: Duration,
+
     /// Sluice instances sharing the limits; `failure_mode: local` divides each limit by it
     #[arg(long, env = "FAILURE_MODE_LOCAL_INSTANCES", default_value = "1", value_parser = parse_count::<NonZeroU64>)]
     failure_mode_local_instances: NonZeroU64,
