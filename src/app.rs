@@ -48,10 +48,30 @@ pub enum AppError {
     Serve(String),
 }
 
+/// The gRPC listener: TCP, or a unix socket (`GRPC_UDS`).
+pub enum GrpcListener {
+    /// TCP, with the connection bounds and TLS if configured.
+    Tcp(TcpListener),
+    /// A unix socket at this path: local clients, plaintext, without the TCP bounds.
+    Unix(tokio::net::UnixListener, std::path::PathBuf),
+}
+
+impl GrpcListener {
+    fn describe(&self) -> Result<String, AppError> {
+        match self {
+            Self::Tcp(l) => l
+                .local_addr()
+                .map(|a| a.to_string())
+                .map_err(|e| AppError::Serve(e.to_string())),
+            Self::Unix(_, path) => Ok(format!("unix:{}", path.display())),
+        }
+    }
+}
+
 /// The bound sockets of a server.
 pub struct Listeners {
     /// gRPC.
-    pub grpc: TcpListener,
+    pub grpc: GrpcListener,
     /// Admin HTTP.
     pub http: TcpListener,
     /// A separate Prometheus listener (`USE_PROMETHEUS`), if configured.
@@ -88,7 +108,17 @@ impl Listeners {
             None => None,
         };
         Ok(Self {
-            grpc: bind(settings.grpc_addr).await?,
+            grpc: match &settings.grpc_uds {
+                Some(path) => {
+                    // A socket left by an earlier process would refuse the bind.
+                    let _ = std::fs::remove_file(path);
+                    let listener = tokio::net::UnixListener::bind(path).map_err(|source| {
+                        AppError::Serve(format!("GRPC_UDS '{}': {source}", path.display()))
+                    })?;
+                    GrpcListener::Unix(listener, path.clone())
+                }
+                None => GrpcListener::Tcp(bind(settings.grpc_addr).await?),
+            },
             http: bind(settings.http_addr).await?,
             metrics,
             debug,
@@ -358,7 +388,7 @@ impl Prepared {
             .with_metrics(self.metrics.rls())
             .with_health(health.clone());
         let local = |l: &TcpListener| l.local_addr().map_err(|e| AppError::Serve(e.to_string()));
-        let (grpc_addr, http_addr) = (local(&listeners.grpc)?, local(&listeners.http)?);
+        let (grpc_addr, http_addr) = (listeners.grpc.describe()?, local(&listeners.http)?);
         let (reporter, grpc) = self.grpc_server(listeners.grpc, rls.clone(), &drain)?;
         let router = admin::router(AdminState {
             rls,
@@ -431,7 +461,7 @@ impl Prepared {
     /// reporter of its health.
     fn grpc_server(
         &self,
-        listener: TcpListener,
+        listener: GrpcListener,
         rls: RlsService,
         drain: &CancellationToken,
     ) -> Result<(tonic_health::server::HealthReporter, ServerFuture), AppError> {
@@ -461,6 +491,16 @@ impl Prepared {
             .add_service(rls.into_server());
         let stop = drain.clone().cancelled_owned();
         let limits = self.settings.grpc_connections;
+        let listener = match listener {
+            GrpcListener::Tcp(listener) => listener,
+            GrpcListener::Unix(listener, _) => {
+                let incoming =
+                    tonic::codegen::tokio_stream::wrappers::UnixListenerStream::new(listener);
+                let future: ServerFuture =
+                    Box::pin(server.serve_with_incoming_shutdown(incoming, stop));
+                return Ok((reporter, future));
+            }
+        };
         let future: ServerFuture = match &self.settings.grpc_tls {
             None => {
                 let incoming = crate::connection::incoming(listener, limits, lifetime);

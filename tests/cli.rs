@@ -494,3 +494,36 @@ fn the_envoy_gateway_example_uses_the_sluice_image_and_a_global_limit() {
     assert_eq!(policy["kind"].as_str(), Some("BackendTrafficPolicy"));
     assert_eq!(policy["spec"]["rateLimit"]["type"].as_str(), Some("Global"));
 }
+
+/// `GRPC_UDS`: gRPC on a unix socket instead of TCP.
+#[tokio::test]
+async fn grpc_can_listen_on_a_unix_socket() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let dir = common::config_dir("cli-uds", &[("c.yaml", CONFIG)]);
+    let socket = common::temp_dir("cli-uds-socket").join("sluice.sock");
+    let served =
+        SluiceProcess::spawn_with_env(&dir, &[], &[("GRPC_UDS", socket.to_str().unwrap())]);
+    assert_eq!(served.grpc, format!("unix:{}", socket.display()));
+    let path = socket.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    let request = common::request("cli", vec![common::descriptor(&[("user", "uds")])]);
+    let answer = client
+        .should_rate_limit(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        answer.statuses[0].limit_remaining, 0,
+        "one an hour, now used"
+    );
+}

@@ -67,6 +67,7 @@ impl ServeArgs {
             grpc_max_in_flight: listen.grpc_max_in_flight,
             grpc_max_connection_age: listen.grpc_max_connection_age,
             debug_addr: listen.debug_addr,
+            grpc_uds: listen.grpc_uds,
             backend: stores.backend,
             redis: stores.redis,
             redis_per_second: stores.redis_per_second,

@@ -38,6 +38,8 @@ pub struct Settings {
     pub xds: Option<XdsSettings>,
     /// gRPC listen address.
     pub grpc_addr: SocketAddr,
+    /// A unix socket gRPC listens on instead (`GRPC_UDS`).
+    pub grpc_uds: Option<PathBuf>,
     /// TLS (and, with a client CA, mutual TLS) on the gRPC listener.
     pub grpc_tls: Option<TlsFiles>,
     /// Admin HTTP listen address.
@@ -219,6 +221,7 @@ impl Settings {
             config_dir: config_dir.into(),
             xds: None,
             grpc_addr: loopback,
+            grpc_uds: None,
             grpc_tls: None,
             http_addr: loopback,
             debug_addr: None,

@@ -39,7 +39,7 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("PORT", Read),
     ("DEBUG_HOST", Read),
     ("DEBUG_PORT", Read),
-    ("GRPC_UDS", NAMED),
+    ("GRPC_UDS", Read),
     ("GRPC_HOST", Read),
     ("GRPC_PORT", Read),
     ("GRPC_MAX_CONNECTION_AGE", Read),

@@ -105,12 +105,15 @@ impl TestServer {
 
     async fn spawn(settings: Settings, clock: Option<Arc<ManualClock>>) -> Self {
         let listeners = Listeners {
-            grpc: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            grpc: app::GrpcListener::Tcp(TcpListener::bind("127.0.0.1:0").await.unwrap()),
             http: TcpListener::bind("127.0.0.1:0").await.unwrap(),
             metrics: None,
             debug: None,
         };
-        let grpc_addr = listeners.grpc.local_addr().unwrap();
+        let app::GrpcListener::Tcp(grpc) = &listeners.grpc else {
+            unreachable!()
+        };
+        let grpc_addr = grpc.local_addr().unwrap();
         let http_addr = listeners.http.local_addr().unwrap();
         let prepared = match clock {
             Some(clock) => app::prepare_with_clock(settings, clock),

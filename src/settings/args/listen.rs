@@ -24,6 +24,11 @@ pub struct ListenArgs {
     #[arg(long, env = "GRPC_PORT", hide = true, default_value = "8081")]
     grpc_port: u16,
 
+    /// Serve gRPC on this unix socket instead of TCP (local clients; plaintext, without the
+    /// TCP connection bounds)
+    #[arg(long, env = "GRPC_UDS", value_name = "PATH")]
+    grpc_uds: Option<PathBuf>,
+
     /// Serve gRPC over TLS
     #[arg(long, env = "GRPC_SERVER_USE_TLS")]
     grpc_server_use_tls: bool,
@@ -108,6 +113,7 @@ pub(super) struct Listeners {
     pub grpc_max_in_flight: usize,
     pub grpc_max_connection_age: (Duration, Duration),
     pub debug_addr: Option<SocketAddr>,
+    pub grpc_uds: Option<PathBuf>,
 }
 
 impl ListenArgs {
@@ -148,6 +154,7 @@ impl ListenArgs {
                 self.grpc_max_connection_age_grace,
             ),
             debug_addr,
+            grpc_uds: self.grpc_uds.clone().filter(|p| !p.as_os_str().is_empty()),
         })
     }
 
@@ -156,6 +163,19 @@ impl ListenArgs {
     fn grpc_tls(&self) -> Result<Option<TlsFiles>, SettingsError> {
         if !self.grpc_server_use_tls {
             return Ok(None);
+        }
+        if self
+            .grpc_uds
+            .as_ref()
+            .is_some_and(|p| !p.as_os_str().is_empty())
+        {
+            return Err(named(
+                &["grpc_uds"],
+                format!(
+                    "serves plaintext to local clients; it cannot be used with {}",
+                    super::env_name("grpc_server_use_tls")
+                ),
+            ));
         }
         let (Some(cert), Some(key)) = (&self.grpc_server_tls_cert, &self.grpc_server_tls_key)
         else {
