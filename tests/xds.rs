@@ -152,6 +152,18 @@ async fn an_invalid_snapshot_is_nacked_and_the_previous_one_stays() {
         message.contains("does not decode") && message.contains("unexpected type_url"),
         "{message}"
     );
+    // Counted as the reference counts config loads: one success, two rejections.
+    let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
+    assert_eq!(
+        common::metric::<u64>(&page, "ratelimit_service_config_load_success"),
+        Some(1)
+    );
+    assert_eq!(
+        common::metric::<u64>(&page, "ratelimit_service_config_load_error"),
+        Some(2)
+    );
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("# last reload: rejected at"), "{page}");
     // Version 1 is still in force.
     let domain = server.domain("default/eg/http");
     let limited = spec("rule-0-match-0");
