@@ -412,22 +412,7 @@ impl Prepared {
             self.settings.admin_connections,
             drain.clone().cancelled_owned(),
         );
-        let stop = drain.clone().cancelled_owned();
-        let reloading = match &self.settings.xds {
-            Some(xds) => {
-                let swap = PolicySwap::new(
-                    self.limiter.clone(),
-                    self.metrics.clone(),
-                    self.config.clone(),
-                );
-                let load = LoadOptions {
-                    merge_domains: self.settings.merge_domains,
-                };
-                let source = XdsSource::new(xds.clone(), load, swap, health.clone());
-                tokio::spawn(source.run(stop))
-            }
-            None => tokio::spawn(self.reloader().run(stop)),
-        };
+        let reloading = self.spawn_config_source(&health, &drain);
         if let Some(listener) = listeners.metrics {
             self.spawn_prometheus(listener, &drain);
         }
@@ -514,6 +499,28 @@ impl Prepared {
             }
         };
         Ok((reporter, future))
+    }
+
+    /// The config source that swaps policies until `drain`: the xDS client, or the watcher of
+    /// the config directory.
+    fn spawn_config_source(
+        &self,
+        health: &Arc<Health>,
+        drain: &CancellationToken,
+    ) -> JoinHandle<()> {
+        let stop = drain.clone().cancelled_owned();
+        let Some(xds) = &self.settings.xds else {
+            return tokio::spawn(self.reloader().run(stop));
+        };
+        let swap = PolicySwap::new(
+            self.limiter.clone(),
+            self.metrics.clone(),
+            self.config.clone(),
+        );
+        let load = LoadOptions {
+            merge_domains: self.settings.merge_domains,
+        };
+        tokio::spawn(XdsSource::new(xds.clone(), load, swap, health.clone()).run(stop))
     }
 
     /// Watches the config directory (and SIGHUP) and swaps the policy.

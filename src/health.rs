@@ -9,25 +9,44 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[derive(Debug)]
 pub struct Health {
     serving: AtomicBool,
-    needs_config: AtomicBool,
-    has_config: AtomicBool,
-    needs_store: AtomicBool,
-    store_up: AtomicBool,
-    /// An xDS source has not delivered its first valid configuration yet.
-    awaiting_first: AtomicBool,
-    /// Readiness waits for it too (xDS without `FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    /// A policy with at least one domain (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    config: Gate,
+    /// A store that answers (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
+    store: Gate,
+    /// The first configuration from an xDS source (without `FORCE_START_WITHOUT_INITIAL_CONFIG`
+    /// it gates readiness; either way decisions wait for it).
+    first: Gate,
+    /// Whether `first` gates readiness too.
     first_gates_readiness: AtomicBool,
+}
+
+/// A condition readiness may require: waits while required and not met.
+#[derive(Debug)]
+struct Gate {
+    required: AtomicBool,
+    met: AtomicBool,
+}
+
+impl Gate {
+    fn new(met: bool) -> Self {
+        Self {
+            required: AtomicBool::new(false),
+            met: AtomicBool::new(met),
+        }
+    }
+
+    fn waits(&self) -> bool {
+        self.required.load(Ordering::SeqCst) && !self.met.load(Ordering::SeqCst)
+    }
 }
 
 impl Default for Health {
     fn default() -> Self {
         Self {
             serving: AtomicBool::new(false),
-            needs_config: AtomicBool::new(false),
-            has_config: AtomicBool::new(false),
-            needs_store: AtomicBool::new(false),
-            store_up: AtomicBool::new(true),
-            awaiting_first: AtomicBool::new(false),
+            config: Gate::new(false),
+            store: Gate::new(true),
+            first: Gate::new(false),
             first_gates_readiness: AtomicBool::new(false),
         }
     }
@@ -41,28 +60,28 @@ impl Health {
 
     /// Requires a policy with at least one domain before the process reports ready.
     pub fn require_config(&self, required: bool) {
-        self.needs_config.store(required, Ordering::SeqCst);
+        self.config.required.store(required, Ordering::SeqCst);
     }
 
     /// Records whether the policy in force has at least one domain.
     pub fn set_config_loaded(&self, loaded: bool) {
-        self.has_config.store(loaded, Ordering::SeqCst);
+        self.config.met.store(loaded, Ordering::SeqCst);
     }
 
     /// Requires the store to answer for the process to report ready.
     pub fn require_store(&self, required: bool) {
-        self.needs_store.store(required, Ordering::SeqCst);
+        self.store.required.store(required, Ordering::SeqCst);
     }
 
     /// Records whether the store answers (its circuit breaker is closed).
     pub fn set_store_up(&self, up: bool) {
-        self.store_up.store(up, Ordering::SeqCst);
+        self.store.met.store(up, Ordering::SeqCst);
     }
 
     /// An xDS source is to deliver the first configuration; readiness waits for it unless
     /// `force_start` (`FORCE_START_WITHOUT_INITIAL_CONFIG`).
     pub fn await_first_config(&self, force_start: bool) {
-        self.awaiting_first.store(true, Ordering::SeqCst);
+        self.first.required.store(true, Ordering::SeqCst);
         self.first_gates_readiness
             .store(!force_start, Ordering::SeqCst);
     }
@@ -70,23 +89,28 @@ impl Health {
     /// Records that a configuration from the source is in force.
     pub fn set_first_config_in(&self, arrived: bool) {
         if arrived {
-            self.awaiting_first.store(false, Ordering::SeqCst);
+            self.first.met.store(true, Ordering::SeqCst);
         }
     }
 
     /// Whether no configuration has arrived yet from a source that is to deliver one: the
     /// decisions are errors until then.
     pub fn awaits_first_config(&self) -> bool {
-        self.awaiting_first.load(Ordering::SeqCst)
+        self.first.waits()
     }
 
     fn first_gates(&self) -> bool {
-        self.first_gates_readiness.load(Ordering::SeqCst) && self.awaits_first_config()
+        self.first_gates_readiness.load(Ordering::SeqCst) && self.first.waits()
     }
 
     /// Whether readiness waits for the store.
     pub fn waits_for_store(&self) -> bool {
-        self.needs_store.load(Ordering::SeqCst) && !self.store_up.load(Ordering::SeqCst)
+        self.store.waits()
+    }
+
+    /// Whether readiness waits for a config with at least one domain.
+    pub fn waits_for_config(&self) -> bool {
+        self.config.waits()
     }
 
     /// Whether the process is ready and not draining (and, where required, has a config and
@@ -96,11 +120,6 @@ impl Health {
             && !self.waits_for_config()
             && !self.waits_for_store()
             && !self.first_gates()
-    }
-
-    /// Whether readiness waits for a config with at least one domain.
-    pub fn waits_for_config(&self) -> bool {
-        self.needs_config.load(Ordering::SeqCst) && !self.has_config.load(Ordering::SeqCst)
     }
 
     /// Why the process is not ready, for health check bodies.

@@ -147,6 +147,18 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
     Ok(Arc::new(config))
 }
 
+/// The URL a gRPC client dials for `addr`: as given when it has a scheme, else `https://`
+/// with TLS and `http://` without.
+pub fn client_url(addr: &str, tls: bool) -> String {
+    if addr.contains("://") {
+        addr.to_owned()
+    } else if tls {
+        format!("https://{addr}")
+    } else {
+        format!("http://{addr}")
+    }
+}
+
 /// `GRPC_CLIENT_TLS_SAN` as the name client certificates must be valid for.
 pub fn client_name(san: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
     rustls::pki_types::ServerName::try_from(san.to_owned())

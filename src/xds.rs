@@ -218,13 +218,7 @@ impl XdsSource {
     async fn channel(&self) -> Result<Channel, String> {
         let url = &self.settings.server_url;
         let tls = self.settings.tls.as_ref();
-        let url = if url.contains("://") {
-            url.clone()
-        } else if tls.is_some() {
-            format!("https://{url}")
-        } else {
-            format!("http://{url}")
-        };
+        let url = crate::tls::client_url(url, tls.is_some());
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| format!("CONFIG_GRPC_XDS_SERVER_URL '{url}': {e}"))?
             .connect_timeout(self.settings.connect_timeout);

@@ -1,3 +1,5 @@
+// Why one long file: the binary as operators run it, one behaviour per test, sharing the command
+// helpers at the top.
 //! The `sluice` binary as operators run it: exit codes, messages, signals.
 
 mod common;

@@ -275,19 +275,7 @@ async fn rules_pushed_over_xds_are_what_envoy_enforces() {
     let plane = common::xds::Running::start().await;
     plane.serve("1", &[per_hour(1)]);
     let mut settings = sluice::settings::Settings::for_tests(common::config_dir("xds-edge", &[]));
-    settings.xds = Some(sluice::settings::XdsSettings {
-        server_url: plane.addr.to_string(),
-        node_id: "envoy-ratelimit".into(),
-        node_metadata: Vec::new(),
-        headers: Vec::new(),
-        connect_timeout: Duration::from_secs(2),
-        backoff_initial: Duration::from_millis(100),
-        backoff_max: Duration::from_millis(400),
-        backoff_random: 0.5,
-        max_message_bytes: 4 * 1024 * 1024,
-        force_start: false,
-        tls: None,
-    });
+    settings.xds = Some(plane.client());
     let sluice = TestServer::start_with(settings).await;
     let envoy = start_envoy(sluice.grpc_addr.port()).await;
     assert_eq!(get(&envoy, "xds-a").await.0, 200);

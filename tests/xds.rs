@@ -1,9 +1,10 @@
+// Why one long file: one control plane scenario per test, sharing the Envoy Gateway rules and
+// settings at the top.
 //! The xDS config source against a control plane in the test (`common::xds`), as Envoy
 //! Gateway's serves it.
 
 mod common;
 
-use std::time::Duration;
 
 use common::xds::Running;
 use common::{TestServer, config_dir, http_get};
@@ -54,19 +55,21 @@ const ROUTE: &str = "httproute/default/backend/rule/0/match/0/example_com";
 fn settings(plane: &Running, force_start: bool) -> Settings {
     let mut settings = Settings::for_tests(config_dir("xds-unused", &[]));
     settings.xds = Some(XdsSettings {
-        server_url: plane.addr.to_string(),
-        node_id: "envoy-ratelimit".into(),
         node_metadata: vec![("zone".into(), "a".into())],
         headers: vec![("x-test".into(), "1".into())],
-        connect_timeout: Duration::from_secs(2),
-        backoff_initial: Duration::from_millis(100),
-        backoff_max: Duration::from_millis(400),
-        backoff_random: 0.5,
-        max_message_bytes: 4 * 1024 * 1024,
         force_start,
-        tls: None,
+        ..plane.client()
     });
     settings
+}
+
+/// The limit (hits per unit) that answered `decision`'s first descriptor.
+fn limit_of(decision: &common::Decision) -> u32 {
+    decision.statuses[0]
+        .current_limit
+        .as_ref()
+        .unwrap()
+        .requests_per_unit
 }
 
 fn spec(rule: &str) -> String {
@@ -189,14 +192,7 @@ async fn a_restarted_control_plane_is_picked_up_and_the_policy_stays_meanwhile()
     plane.serve("2", &[gateway(100)]);
     assert_eq!(plane.reply_to("2").await.version_info, "2");
     let r = domain.hit(&limited).await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        100
-    );
+    assert_eq!(limit_of(&r), 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,14 +329,7 @@ async fn a_response_over_the_size_limit_changes_nothing() {
         .domain("default/eg/http")
         .hit(&spec("rule-0-match-0"))
         .await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        2
-    );
+    assert_eq!(limit_of(&r), 2);
 }
 
 /// Envoy Gateway's environment for the reference, verbatim but for paths and ports, against a

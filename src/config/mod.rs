@@ -98,7 +98,17 @@ pub fn load_sources(
             Err(mut e) => errors.append(&mut e),
         }
     }
-    match compile::compile(&parsed, options) {
+    compile_after(&parsed, errors, options)
+}
+
+/// Compiles `files`, adding its errors to those found before (`errors`, from reading or
+/// decoding them): the policy only when there are none at all.
+fn compile_after(
+    files: &[(String, raw::RawFile)],
+    mut errors: Vec<ConfigError>,
+    options: LoadOptions,
+) -> Result<Policy, Vec<ConfigError>> {
+    match compile::compile(files, options) {
         Ok(policy) if errors.is_empty() => Ok(policy),
         Ok(_) => Err(errors),
         Err(mut more) => {

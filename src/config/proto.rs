@@ -11,7 +11,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 };
 
 use super::raw::{RawDescriptor, RawFile, RawRateLimit, RawReplaces};
-use super::{ConfigError, LoadOptions, MAX_NESTING, compile};
+use super::{ConfigError, LoadOptions, MAX_NESTING};
 use crate::policy::Policy;
 
 /// Compiles every resource of one xDS response into one policy, or every error.
@@ -32,14 +32,7 @@ pub fn compile_resources(
             Err(message) => errors.push(ConfigError::file(&name, message)),
         }
     }
-    match compile::compile(&files, options) {
-        Ok(policy) if errors.is_empty() => Ok(policy),
-        Ok(_) => Err(errors),
-        Err(mut more) => {
-            errors.append(&mut more);
-            Err(errors)
-        }
-    }
+    super::compile_after(&files, errors, options)
 }
 
 fn raw_file(config: &RateLimitConfig) -> Result<RawFile, String> {

@@ -77,13 +77,7 @@ pub async fn connect(
     addr: &str,
     tls: &ClientTls,
 ) -> Result<RateLimitServiceClient<Channel>, ToolError> {
-    let url = if addr.contains("://") {
-        addr.to_owned()
-    } else if tls.enabled() {
-        format!("https://{addr}")
-    } else {
-        format!("http://{addr}")
-    };
+    let url = crate::tls::client_url(addr, tls.enabled());
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| ToolError::Usage(format!("invalid --addr '{addr}': {e}")))?
         .tcp_nodelay(true);

@@ -1,3 +1,5 @@
+// Why one long file: the shared test vocabulary (servers, the domain client, eventually,
+// processes), kept in one place tests import from.
 //! Test helpers: a real Sluice server on 127.0.0.1:0, clients for it, and real Redis.
 #![allow(dead_code)]
 

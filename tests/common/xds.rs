@@ -162,6 +162,24 @@ impl Running {
         }
     }
 
+    /// Client settings for this control plane: node `envoy-ratelimit`, reconnecting within
+    /// a few hundred milliseconds.
+    pub fn client(&self) -> sluice::settings::XdsSettings {
+        sluice::settings::XdsSettings {
+            server_url: self.addr.to_string(),
+            node_id: "envoy-ratelimit".into(),
+            node_metadata: Vec::new(),
+            headers: Vec::new(),
+            connect_timeout: std::time::Duration::from_secs(2),
+            backoff_initial: std::time::Duration::from_millis(100),
+            backoff_max: std::time::Duration::from_millis(400),
+            backoff_random: 0.5,
+            max_message_bytes: 4 * 1024 * 1024,
+            force_start: false,
+            tls: None,
+        }
+    }
+
     /// Serves only `node` from now on.
     pub fn only_for(&self, node: &str) {
         *self.plane.node.lock() = Some(node.to_owned());
