@@ -5,7 +5,6 @@
 
 mod common;
 
-
 use common::xds::Running;
 use common::{TestServer, config_dir, http_get};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
