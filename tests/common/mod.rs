@@ -57,6 +57,8 @@ pub struct TestServer {
     pub http_addr: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<(), app::AppError>>>,
+    /// The connection `domain` clients share, made on first use.
+    channel: std::sync::OnceLock<Channel>,
 }
 
 impl TestServer {
@@ -131,6 +133,7 @@ impl TestServer {
             http_addr,
             stop: Some(stop),
             task: Some(task),
+            channel: std::sync::OnceLock::new(),
         }
     }
 
@@ -145,9 +148,15 @@ impl TestServer {
     /// A client for the rate limits of `domain` (connects on first use; the server must
     /// outlive it).
     pub fn domain(&self, domain: &str) -> DomainClient {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc_addr))
-            .unwrap()
-            .connect_lazy();
+        // One connection for every client of this server, as Envoy multiplexes its calls.
+        let channel = self
+            .channel
+            .get_or_init(|| {
+                tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc_addr))
+                    .unwrap()
+                    .connect_lazy()
+            })
+            .clone();
         DomainClient {
             client: RateLimitServiceClient::new(channel),
             domain: domain.into(),
