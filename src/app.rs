@@ -1,5 +1,5 @@
-// Why one long file: the whole bootstrap and the ordered shutdown, read top to bottom in the order
-// they run.
+// Why one long file: the bootstrap read top to bottom in the order it runs; the listeners, the
+// store stack and the running service are in app/.
 //! Bootstrap: settings → config → store → limiter → servers, and the ordered shutdown.
 //!
 //! Everything that can be wrong with the settings or the config is found by [`prepare`],
@@ -13,21 +13,26 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic_health::ServingStatus;
 
 use crate::admin::{self, AdminState};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::config::{self, ConfigError, LoadOptions};
 use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::reload::{ConfigInfo, PolicySwap, ReloadOptions, Reloader, SharedConfigInfo};
 use crate::rls::{ClientFaultsLayer, RlsService};
-use crate::settings::{Backend, Settings};
-use crate::store::redis::RedisOptions;
-use crate::store::{MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Store};
+use crate::settings::Settings;
 use crate::tls::ReloadingTls;
 use crate::xds::XdsSource;
+
+mod listeners;
+mod running;
+mod store;
+
+pub use listeners::{GrpcListener, Listeners};
+use running::{Running, follow_requirements, report_health};
+use store::{Time, build_store};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -48,93 +53,9 @@ pub enum AppError {
     Serve(String),
 }
 
-/// The gRPC listener: TCP, or a unix socket (`GRPC_UDS`).
-pub enum GrpcListener {
-    /// TCP, with the connection bounds and TLS if configured.
-    Tcp(TcpListener),
-    /// A unix socket at this path: local clients, plaintext, without the TCP bounds.
-    Unix(tokio::net::UnixListener, std::path::PathBuf),
-}
-
-impl GrpcListener {
-    fn describe(&self) -> Result<String, AppError> {
-        match self {
-            Self::Tcp(l) => l
-                .local_addr()
-                .map(|a| a.to_string())
-                .map_err(|e| AppError::Serve(e.to_string())),
-            Self::Unix(_, path) => Ok(format!("unix:{}", path.display())),
-        }
-    }
-}
-
-/// The bound sockets of a server.
-pub struct Listeners {
-    /// gRPC.
-    pub grpc: GrpcListener,
-    /// Admin HTTP.
-    pub http: TcpListener,
-    /// A separate Prometheus listener (`USE_PROMETHEUS`), if configured.
-    pub metrics: Option<TcpListener>,
-    /// The reference's debug listener (`DEBUG_HOST`, `DEBUG_PORT`), if configured.
-    pub debug: Option<TcpListener>,
-}
-
-impl Listeners {
-    /// Binds the addresses of `settings`.
-    pub async fn bind(settings: &Settings) -> Result<Self, AppError> {
-        let bind = |addr: std::net::SocketAddr| async move {
-            // A backlog of 1,024 (the kernel caps it at somaxconn): past a connection cap the
-            // listener stops accepting, and the connections waiting meanwhile queue here.
-            let socket = if addr.is_ipv4() {
-                tokio::net::TcpSocket::new_v4()
-            } else {
-                tokio::net::TcpSocket::new_v6()
-            };
-            socket
-                .and_then(|socket| {
-                    socket.set_reuseaddr(true)?;
-                    socket.bind(addr)?;
-                    socket.listen(LISTEN_BACKLOG)
-                })
-                .map_err(|source| AppError::Bind { addr, source })
-        };
-        let metrics = match &settings.prometheus {
-            Some(p) => Some(bind(p.addr).await?),
-            None => None,
-        };
-        let debug = match settings.debug_addr {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
-        Ok(Self {
-            grpc: match &settings.grpc_uds {
-                Some(path) => {
-                    // A socket left by an earlier process would refuse the bind.
-                    let _ = std::fs::remove_file(path);
-                    let listener = tokio::net::UnixListener::bind(path).map_err(|source| {
-                        AppError::Serve(format!("GRPC_UDS '{}': {source}", path.display()))
-                    })?;
-                    GrpcListener::Unix(listener, path.clone())
-                }
-                None => GrpcListener::Tcp(bind(settings.grpc_addr).await?),
-            },
-            http: bind(settings.http_addr).await?,
-            metrics,
-            debug,
-        })
-    }
-}
-
-/// The gRPC health service name of envoyproxy/ratelimit.
-const REFERENCE_HEALTH_NAME: &str = "ratelimit";
-
 /// HTTP/2 flow-control windows of gRPC streams and connections, in bytes.
 const GRPC_STREAM_WINDOW: u32 = 64 * 1024;
 const GRPC_CONNECTION_WINDOW: u32 = 512 * 1024;
-
-/// Connections the kernel queues for each listener before Sluice accepts them.
-const LISTEN_BACKLOG: u32 = 1024;
 
 /// Longest wait at startup for the store's connections and scripts.
 const WARM_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -171,14 +92,6 @@ pub fn prepare(settings: Settings) -> Result<Prepared, AppError> {
 /// production, where every instance must share Redis's clock.
 pub fn prepare_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> Result<Prepared, AppError> {
     prepare_on(settings, Time::Pinned(clock))
-}
-
-/// Where the stores take the time from.
-enum Time {
-    /// The wall clock in process, Redis's own `TIME` in Redis.
-    System,
-    /// One clock for every store, Redis's script included.
-    Pinned(Arc<dyn Clock>),
 }
 
 fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
@@ -232,71 +145,6 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         config,
         metrics,
         hurry: None,
-    })
-}
-
-/// The store stack `settings` ask for: the memory store, or Redis behind its failure policy
-/// (two with `REDIS_PERSECOND`), behind the over-limit cache when it is on.
-fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn Store>, AppError> {
-    let clock: Arc<dyn Clock> = match time {
-        Time::System => Arc::new(SystemClock),
-        Time::Pinned(clock) => clock.clone(),
-    };
-    Ok(match settings.backend {
-        Backend::Memory => {
-            if settings.kubernetes {
-                tracing::warn!(
-                    "memory store under Kubernetes: each replica counts on its own, so N replicas admit up to N times every limit; use a shared store for fleet-wide limits"
-                );
-            }
-            Arc::new(MemoryStore::new(settings.memory, clock))
-        }
-        Backend::Redis => {
-            let options = settings
-                .redis
-                .as_ref()
-                .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
-            // Each Redis behind its own failure policy: one failing leaves the other exact.
-            let resilient = |options: &RedisOptions| -> Result<Arc<Resilient>, AppError> {
-                // A script call may outlive its requests' deadline: its answers still count
-                // (see `Resilient`), up to the background limit.
-                let mut redis = RedisStore::new(&RedisOptions {
-                    call_timeout: settings.resilience.background_limit(),
-                    ..options.clone()
-                })
-                .map_err(AppError::Serve)?;
-                if let Time::Pinned(clock) = time {
-                    redis = redis.with_clock(clock.clone());
-                }
-                Ok(Arc::new(Resilient::new(
-                    Arc::new(redis),
-                    settings.resilience,
-                    clock.clone(),
-                )))
-            };
-            let main = resilient(options)?;
-            tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
-            let mut shared = vec![main.clone()];
-            let store: Arc<dyn Store> = match &settings.redis_per_second {
-                None => main,
-                Some(fast) => {
-                    let per_second = resilient(fast)?;
-                    tracing::info!(kind = ?fast.kind, "counting limits per second in their own redis (REDIS_PERSECOND)");
-                    shared.push(per_second.clone());
-                    Arc::new(PerSecondSplit::new(main, per_second))
-                }
-            };
-            if settings.local_cache_keys > 0 {
-                let cache = OverLimitCache::new(store, settings.local_cache_keys, clock);
-                // Answers that arrive after their deadline still teach the cache.
-                for resilient in &shared {
-                    resilient.on_late_answers(cache.late_answers());
-                }
-                Arc::new(cache)
-            } else {
-                store
-            }
-        }
     })
 }
 
@@ -454,7 +302,9 @@ impl Prepared {
         // GOAWAY at the age (tonic), the connection closed after the grace (`Guarded`): tonic's
         // own grace replaces the GOAWAY by a bare close at age plus grace.
         let (age, grace) = self.settings.grpc_max_connection_age;
-        let age = jittered(age);
+        // ±10 % per process: tonic takes one age for all of a server's connections (the
+        // reference jitters each), so pods started together do not all reconnect at once.
+        let age = crate::clock::jittered(age, 0.1);
         let lifetime = Some(age.saturating_add(grace));
         let server = tonic::transport::Server::builder()
             .max_connection_age(age)
@@ -564,101 +414,4 @@ impl Prepared {
 }
 
 /// A server running until it is told to stop.
-/// `age` moved by up to ±10 %, differently in each process, so that the connections of pods
-/// started together do not all close at once. (The reference jitters each connection; tonic
-/// takes one age for all of a server's connections.)
-fn jittered(age: std::time::Duration) -> std::time::Duration {
-    use std::hash::BuildHasher as _;
-    // A random number without a dependency: the standard library seeds each RandomState.
-    let random = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
-    let factor = 0.9 + 0.2 * (random % 10_000) as f64 / 10_000.0;
-    age.mul_f64(factor)
-}
-
-/// The servers and tasks of a started service.
-struct Running {
-    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
-    http: JoinHandle<()>,
-    reloading: JoinHandle<()>,
-    health: Arc<Health>,
-    reporter: tonic_health::server::HealthReporter,
-    /// Tells servers to stop accepting and drain.
-    drain: CancellationToken,
-}
-
-impl Running {
-    /// Tells health checks at once; keeps serving for the shutdown delay (cut short by
-    /// `hurry`) while load balancers notice; then stops accepting and lets in-flight requests
-    /// finish within the grace period.
-    async fn shut_down(self, settings: &Settings, hurry: impl Future<Output = ()>) {
-        tracing::info!(delay = ?settings.shutdown_delay, "shutting down: health checks now report not serving");
-        self.health.set_serving(false);
-        report_health(&self.reporter, &self.health).await;
-        tokio::select! {
-            _ = tokio::time::sleep(settings.shutdown_delay) => {}
-            _ = hurry => {}
-        }
-        tracing::info!(grace = ?settings.shutdown_grace, "draining: no new connections");
-        self.drain.cancel();
-        let (grpc, http) = (self.grpc, self.http);
-        let drained = tokio::time::timeout(settings.shutdown_grace, async {
-            let _ = grpc.await;
-            let _ = http.await;
-        })
-        .await;
-        let _ = self.reloading.await;
-        match drained {
-            Ok(()) => tracing::info!("drained; exiting"),
-            Err(_) => tracing::warn!("grace period over with requests still in flight; exiting"),
-        }
-    }
-}
-
 type ServerFuture = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
-
-/// Sets the gRPC health of `""`, `ratelimit` (the name the reference service registers, which
-/// Kubernetes probes and Envoy health checks written for it ask) and the rate limit service to
-/// what `health` says.
-async fn report_health(reporter: &tonic_health::server::HealthReporter, health: &Health) {
-    let status = if health.is_serving() {
-        ServingStatus::Serving
-    } else {
-        ServingStatus::NotServing
-    };
-    for name in ["", REFERENCE_HEALTH_NAME] {
-        reporter.set_service_status(name, status).await;
-    }
-    type Rls = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>;
-    match status {
-        ServingStatus::Serving => reporter.set_serving::<Rls>().await,
-        _ => reporter.set_not_serving::<Rls>().await,
-    }
-}
-
-/// With `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: follows whether the policy in force has a
-/// domain (a reload may bring the first or take the last); with
-/// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, whether the store answers; until draining starts.
-async fn follow_requirements(
-    reporter: tonic_health::server::HealthReporter,
-    health: Arc<Health>,
-    limiter: Arc<Limiter>,
-    drain: impl Future<Output = ()>,
-) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
-    tokio::pin!(drain);
-    let mut reported = health.is_serving();
-    loop {
-        tokio::select! {
-            _ = &mut drain => return,
-            _ = tick.tick() => {}
-        }
-        health.set_config_loaded(limiter.policy().domain_count() > 0);
-        health.set_store_up(limiter.store().status().healthy);
-        let serving = health.is_serving();
-        if serving != reported {
-            tracing::info!(serving, reason = health.reason(), "health follows");
-            report_health(&reporter, &health).await;
-            reported = serving;
-        }
-    }
-}

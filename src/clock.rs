@@ -1,7 +1,7 @@
 //! Time, injected: the system clock in production, a manual clock in tests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::algorithm::Micros;
 
@@ -52,4 +52,17 @@ impl Clock for ManualClock {
     fn now(&self) -> Micros {
         self.0.load(Ordering::SeqCst)
     }
+}
+
+/// `duration` moved at random by up to `share` of itself either way (0: not at all), so that
+/// waits and deadlines of many processes or attempts do not fall together.
+pub fn jittered(duration: Duration, share: f64) -> Duration {
+    if share <= 0.0 {
+        return duration;
+    }
+    use std::hash::BuildHasher as _;
+    // A random number without a dependency: the standard library seeds each RandomState.
+    let draw = std::collections::hash_map::RandomState::new().hash_one(duration.as_nanos());
+    let unit = (draw % 10_000) as f64 / 10_000.0; // [0, 1)
+    duration.mul_f64((1.0 + share * (2.0 * unit - 1.0)).max(0.0))
 }

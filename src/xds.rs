@@ -9,7 +9,6 @@
 //! on the control plane: it only swaps the policy.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -88,7 +87,7 @@ impl XdsSource {
                         .connection(format!("unreachable ({error}); retrying"));
                 }
             }
-            let pause = jittered(wait, self.settings.backoff_random);
+            let pause = crate::clock::jittered(wait, self.settings.backoff_random);
             tokio::select! {
                 _ = &mut stop => return,
                 _ = tokio::time::sleep(pause) => {}
@@ -290,15 +289,4 @@ fn compile(response: &DiscoveryResponse, load: LoadOptions) -> Result<Loaded, Ve
     let mut files: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
     files.sort();
     Ok(Loaded { policy, files })
-}
-
-/// `wait` moved at random by up to `random` of itself either way.
-fn jittered(wait: Duration, random: f64) -> Duration {
-    if random <= 0.0 {
-        return wait;
-    }
-    use std::hash::BuildHasher as _;
-    let draw = std::collections::hash_map::RandomState::new().hash_one(wait.as_nanos());
-    let unit = (draw % 10_000) as f64 / 10_000.0; // [0, 1)
-    wait.mul_f64((1.0 + random * (2.0 * unit - 1.0)).max(0.0))
 }

@@ -56,6 +56,17 @@ async fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
     }
 }
 
+/// A raw HTTP/2 connection to `addr` that has sent the client preface and an empty SETTINGS
+/// frame.
+async fn h2_connection(addr: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    stream
+}
+
 /// One `ShouldRateLimit` over a new connection, which must be answered.
 async fn grpc_answers(grpc: String) {
     let ask = async {
@@ -140,12 +151,7 @@ async fn a_grpc_connection_past_its_preface_outlives_the_handshake_timeout() {
     let mut settings = settings("grpc-preface");
     settings.grpc_connections = limits(100, 300);
     let server = TestServer::start_with(settings).await;
-    let mut stream = TcpStream::connect(server.grpc_addr).await.unwrap();
-    // The client preface and an empty SETTINGS frame.
-    stream
-        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
-        .await
-        .unwrap();
+    let mut stream = h2_connection(server.grpc_addr).await;
     // Nothing signals that a deadline has passed; wait for three of them.
     tokio::time::sleep(Duration::from_millis(900)).await;
     // A PING must still be answered on this connection.
@@ -208,12 +214,8 @@ async fn a_grpc_connection_past_its_age_is_sent_goaway_then_closed() {
     let mut settings = settings("grpc-age");
     settings.grpc_max_connection_age = (Duration::from_millis(300), Duration::from_millis(200));
     let server = TestServer::start_with(settings).await;
-    let mut stream = TcpStream::connect(server.grpc_addr).await.unwrap();
-    // The client preface, an empty SETTINGS frame and the ACK of the server's, then nothing.
-    stream
-        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
-        .await
-        .unwrap();
+    let mut stream = h2_connection(server.grpc_addr).await;
+    // The ACK of the server's SETTINGS, then nothing.
     stream.write_all(b"\0\0\0\x04\x01\0\0\0\0").await.unwrap();
     let sent = until_closed(&mut stream).await;
     const GOAWAY: u8 = 0x7;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use prometheus::{HistogramVec, IntCounterVec, Registry};
+use prometheus::{Histogram, HistogramVec, IntCounterVec, Registry};
 
 use crate::metrics::{LATENCY_BUCKETS, counter_vec, histogram_vec};
 
@@ -18,8 +18,9 @@ const REFERENCE_BUCKETS: &[f64] = &[
 pub struct RlsMetrics {
     requests: IntCounterVec,
     latency: HistogramVec,
-    /// The reference's `ratelimit_service_response_time_seconds{grpc_method}`.
-    response_time: HistogramVec,
+    /// The reference's `ratelimit_service_response_time_seconds{grpc_method="ShouldRateLimit"}`,
+    /// resolved once: it is observed on every request.
+    response_time: Histogram,
     /// 1 (seconds) or 1000 (`PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`).
     response_time_scale: f64,
     errors: IntCounterVec,
@@ -59,7 +60,8 @@ impl RlsMetrics {
                 "ShouldRateLimit response time, as the reference reports it (in milliseconds with PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS)",
                 REFERENCE_BUCKETS,
                 &["grpc_method"],
-            ),
+            )
+            .with_label_values(&["ShouldRateLimit"]),
             response_time_scale: 1.0,
             should_rate_limit_error,
         }
@@ -80,7 +82,6 @@ impl RlsMetrics {
         // The reference times its gRPC methods only.
         if method == "ShouldRateLimit" {
             self.response_time
-                .with_label_values(&[method])
                 .observe(elapsed.as_secs_f64() * self.response_time_scale);
         }
     }

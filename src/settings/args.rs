@@ -97,19 +97,27 @@ impl ServeArgs {
     }
 }
 
+/// The `serve` argument with this id (a field name). Only looked up for error messages.
+fn serve_arg(id: &str) -> Option<clap::Arg> {
+    let command = ServeArgs::augment_args(clap::Command::new("serve"));
+    command.get_arguments().find(|a| a.get_id() == id).cloned()
+}
+
 /// An error about the arguments with these ids (field names), named as an operator sets
 /// them: the first one's flag and every variable, e.g. `--grpc-addr (GRPC_HOST/GRPC_PORT)`.
 fn named(ids: &[&str], message: impl Into<String>) -> SettingsError {
-    let command = ServeArgs::augment_args(clap::Command::new("serve"));
-    let arg = |id: &str| command.get_arguments().find(|a| a.get_id() == id);
     let flag = ids
         .first()
-        .and_then(|id| arg(id))
-        .and_then(|a| a.get_long())
+        .and_then(|id| serve_arg(id))
+        .and_then(|a| a.get_long().map(str::to_owned))
         .map_or_else(|| ids.join("/"), |long| format!("--{long}"));
     let vars: Vec<String> = ids
         .iter()
-        .filter_map(|id| arg(id)?.get_env().map(|v| v.to_string_lossy().into_owned()))
+        .filter_map(|id| {
+            serve_arg(id)?
+                .get_env()
+                .map(|v| v.to_string_lossy().into_owned())
+        })
         .collect();
     SettingsError {
         name: if vars.is_empty() {
@@ -123,10 +131,7 @@ fn named(ids: &[&str], message: impl Into<String>) -> SettingsError {
 
 /// The environment variable of the argument with this id.
 fn env_name(id: &str) -> String {
-    let command = ServeArgs::augment_args(clap::Command::new("serve"));
-    command
-        .get_arguments()
-        .find(|a| a.get_id() == id)
-        .and_then(|a| a.get_env())
-        .map_or_else(|| id.to_owned(), |v| v.to_string_lossy().into_owned())
+    serve_arg(id)
+        .and_then(|a| a.get_env().map(|v| v.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| id.to_owned())
 }
