@@ -108,6 +108,12 @@ impl RedisServer {
         command(self.port, args).unwrap()
     }
 
+    /// [`RedisServer::command`], or the error (a reply slower than the read timeout on a
+    /// loaded machine), for conditions polled until they hold.
+    pub fn try_command(&self, args: &[&str]) -> std::io::Result<String> {
+        command(self.port, args)
+    }
+
     fn signal(&self, signal: &str) {
         let pid = self.child.as_ref().unwrap().id().to_string();
         assert!(
@@ -240,6 +246,11 @@ impl RedisSentinel {
     /// Sends one command to the Sentinel.
     pub fn command(&self, args: &[&str]) -> String {
         self.server.command(args)
+    }
+
+    /// [`RedisSentinel::command`], or the error.
+    pub fn try_command(&self, args: &[&str]) -> std::io::Result<String> {
+        self.server.try_command(args)
     }
 
     /// `host:port` of the Sentinel.
