@@ -264,6 +264,13 @@ impl Prepared {
         if let Some(listener) = listeners.metrics {
             self.spawn_prometheus(listener, &drain);
         }
+        if let Some(statsd) = &self.settings.statsd {
+            tokio::spawn(crate::metrics::statsd::run(
+                statsd.clone(),
+                self.metrics.registry().clone(),
+                drain.clone().cancelled_owned(),
+            ));
+        }
         let running = Running {
             grpc: tokio::spawn(grpc),
             http: tokio::spawn(http),

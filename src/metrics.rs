@@ -16,6 +16,7 @@
 //! the memory store's size.
 
 mod rules;
+pub mod statsd;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,6 +83,12 @@ impl Metrics {
             rls.response_time_in_milliseconds(on);
         }
         self
+    }
+
+    /// The registry every component's metrics are in (for the statsd exporter, which reads
+    /// them).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// The gRPC service's metrics, to hand to [`RlsService`](crate::rls::RlsService).

@@ -329,16 +329,15 @@ fn envoy_gateways_tls_variables_require_client_certificates() {
             ("TRACING_SERVICE_NAME", "ratelimit"),
         ],
     );
-    let warning = served
-        .startup_log
-        .iter()
-        .find(|l| l.contains("set but not supported"))
-        .expect("a warning names what is not supported");
+    // Every variable of Envoy Gateway's Deployment is read (tracing included: its collector
+    // is absent here, which must cost the decisions below nothing).
     assert!(
-        warning.contains("TRACING_ENABLED, TRACING_SERVICE_NAME")
-            && !warning.contains("USE_STATSD")
-            && !warning.contains("FORCE_START"),
-        "{warning}"
+        !served
+            .startup_log
+            .iter()
+            .any(|l| l.contains("set but not supported")),
+        "{:?}",
+        served.startup_log
     );
     let check = |extra: &[&str]| {
         let mut args = vec!["check", "--addr", &served.grpc, "--domain", "cli"];

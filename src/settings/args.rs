@@ -7,6 +7,7 @@
 
 mod failure;
 mod listen;
+mod observability;
 mod requests;
 mod response;
 mod shutdown;
@@ -41,6 +42,10 @@ pub struct ServeArgs {
     response: response::ResponseArgs,
     #[command(flatten)]
     telemetry: telemetry::TelemetryArgs,
+    #[command(flatten)]
+    tracing: observability::TracingArgs,
+    #[command(flatten)]
+    stats: observability::StatsArgs,
     #[command(flatten)]
     shutdown: shutdown::ShutdownArgs,
 }
@@ -88,7 +93,13 @@ impl ServeArgs {
             near_limit_ratio: self.telemetry.near_limit_ratio,
             metrics_max_detailed_series: self.telemetry.metrics_max_detailed_series,
             response_time_in_milliseconds: self.telemetry.prometheus_response_time_as_milliseconds,
-            prometheus: self.telemetry.prometheus()?,
+            prometheus: if self.stats.disable_stats {
+                None
+            } else {
+                self.telemetry.prometheus()?
+            },
+            tracing: self.tracing.resolve()?,
+            statsd: self.stats.resolve()?,
             log: self.telemetry.log(),
             shutdown_grace: self.shutdown.shutdown_grace,
             shutdown_delay: self.shutdown.shutdown_delay,

@@ -95,6 +95,10 @@ pub struct Settings {
     /// A separate Prometheus listener (`USE_PROMETHEUS`); `/metrics` on the HTTP port is
     /// always there.
     pub prometheus: Option<PrometheusListener>,
+    /// OpenTelemetry traces (`TRACING_ENABLED`).
+    pub tracing: Option<TracingSettings>,
+    /// The reference's stats to statsd or DogStatsD (`USE_STATSD`, `USE_DOG_STATSD`).
+    pub statsd: Option<StatsdSettings>,
     /// Log verbosity and format.
     pub log: LogSettings,
     /// Time allowed for in-flight requests to finish on SIGTERM.
@@ -165,6 +169,68 @@ pub struct XdsTls {
     pub key: Option<PathBuf>,
     /// Name its certificate must be valid for (`None`: the address's host).
     pub server_name: Option<String>,
+}
+
+/// The OTLP trace exporter and its queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// Transport.
+    pub protocol: OtlpProtocol,
+    /// The collector's URL for traces (with `/v1/traces` for HTTP).
+    pub endpoint: String,
+    /// Headers sent with every export.
+    pub headers: Vec<(String, String)>,
+    /// Longest wait for one export.
+    pub timeout: Duration,
+    /// `service.name`.
+    pub service_name: String,
+    /// `service.namespace` (empty: none).
+    pub service_namespace: String,
+    /// `service.instance.id` (`None`: a random UUID).
+    pub service_instance_id: Option<String>,
+    /// Share of traces started here that are sampled (a caller's decision wins).
+    pub sampling_rate: f64,
+    /// Whether spans carry descriptor values (`TRACING_DESCRIPTOR_VALUES`).
+    pub descriptor_values: bool,
+    /// Spans waiting for export at most (`OTEL_BSP_MAX_QUEUE_SIZE`).
+    pub max_queue: usize,
+    /// Spans in one export at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
+    pub max_batch: usize,
+    /// Longest wait of a span for its batch (`OTEL_BSP_SCHEDULE_DELAY`).
+    pub schedule_delay: Duration,
+}
+
+/// OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// Protobuf over HTTP (`http/protobuf`).
+    Http,
+    /// gRPC.
+    Grpc,
+}
+
+/// Where and how the reference's stats are sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsdSettings {
+    /// statsd over TCP, or DogStatsD over UDP.
+    pub format: StatsdFormat,
+    /// Server host.
+    pub host: String,
+    /// Server port.
+    pub port: u16,
+    /// `EXTRA_TAGS`, sorted by key.
+    pub extra_tags: Vec<(String, String)>,
+    /// How often stats are sent.
+    pub flush_interval: Duration,
+}
+
+/// The stats protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatsdFormat {
+    /// Plain statsd lines over TCP, tags in the name (`.__k=v`), as the reference's default sink.
+    Statsd,
+    /// DogStatsD over UDP, tags as `|#k:v`.
+    DogStatsd,
 }
 
 /// Where the separate Prometheus listener serves.
@@ -252,6 +318,8 @@ impl Settings {
             metrics_max_detailed_series: 10_000,
             response_time_in_milliseconds: false,
             prometheus: None,
+            tracing: None,
+            statsd: None,
             log: LogSettings {
                 level: "info".into(),
                 format: LogFormat::Text,
