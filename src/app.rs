@@ -51,6 +51,9 @@ pub enum AppError {
     /// A server failed while running.
     #[error("server error: {0}")]
     Serve(String),
+    /// The trace exporter could not be built from its settings.
+    #[error("cannot export traces: {0}")]
+    Tracing(String),
 }
 
 /// HTTP/2 flow-control windows of gRPC streams and connections, in bytes.
@@ -232,9 +235,20 @@ impl Prepared {
             health.await_first_config(xds.force_start);
         }
         let drain = CancellationToken::new();
-        let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
-            .with_metrics(self.metrics.rls())
-            .with_health(health.clone());
+        let mut rls =
+            RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
+                .with_metrics(self.metrics.rls())
+                .with_health(health.clone());
+        let tracing = match &self.settings.tracing {
+            Some(settings) => Some(
+                crate::traces::Tracing::start(settings, self.metrics.registry())
+                    .map_err(AppError::Tracing)?,
+            ),
+            None => None,
+        };
+        if let Some(tracing) = &tracing {
+            rls = rls.with_tracing(tracing.clone());
+        }
         let local = |l: &TcpListener| l.local_addr().map_err(|e| AppError::Serve(e.to_string()));
         let (grpc_addr, http_addr) = (listeners.grpc.describe()?, local(&listeners.http)?);
         let (reporter, grpc) = self.grpc_server(listeners.grpc, rls.clone(), &drain)?;
@@ -278,6 +292,7 @@ impl Prepared {
             health,
             reporter,
             drain,
+            tracing,
         };
         running.health.set_serving(true);
         report_health(&running.reporter, &running.health).await;

@@ -28,7 +28,9 @@
 //!    - [`store`]: the `Store` trait, the memory and Redis stores and what wraps them.
 //!    - [`clock`]: injected wall-clock time.
 //! 4. While serving
-//!    - [`metrics`]: the Prometheus registry every layer registers into.
+//!    - [`metrics`]: the Prometheus registry every layer registers into, and its statsd
+//!      exporter.
+//!    - [`traces`]: OpenTelemetry spans of every decision, exported over OTLP.
 //!    - [`health`]: the serving state health checks report.
 //!    - [`reload`]: the config watcher and the all-or-nothing swap.
 //!    - [`xds`]: the xDS config source, swapping what a control plane sends.
@@ -64,6 +66,8 @@ pub mod store;
 pub mod clock;
 
 pub mod metrics;
+
+pub mod traces;
 
 pub mod health;
 

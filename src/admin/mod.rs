@@ -57,16 +57,26 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-async fn json_check(State(state): State<AdminState>, body: Bytes) -> Response {
-    let request = match serde_json::from_slice::<json::JsonRequest>(&body) {
+async fn json_check(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let span = state.rls.span(crate::traces::Method::Json, &headers);
+    let request = serde_json::from_slice::<json::JsonRequest>(&body)
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.into_proto().map_err(|e| e.to_string()));
+    let request = match request {
         Ok(request) => request,
-        Err(e) => return bad_request(format!("invalid RateLimitRequest JSON: {e}")),
+        Err(e) => {
+            let message = format!("invalid RateLimitRequest JSON: {e}");
+            if let Some(span) = span {
+                span.end("InvalidArgument", Some(&message));
+            }
+            return bad_request(message);
+        }
     };
-    let request = match request.into_proto() {
-        Ok(request) => request,
-        Err(e) => return bad_request(format!("invalid RateLimitRequest JSON: {e}")),
-    };
-    match state.rls.answer_counted("json", request, None).await {
+    match state.rls.answer_counted("json", request, None, span).await {
         Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

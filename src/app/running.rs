@@ -25,6 +25,8 @@ pub(super) struct Running {
     pub(super) reporter: tonic_health::server::HealthReporter,
     /// Tells servers to stop accepting and drain.
     pub(super) drain: CancellationToken,
+    /// The trace exporter, flushed last.
+    pub(super) tracing: Option<Arc<crate::traces::Tracing>>,
 }
 
 impl Running {
@@ -48,6 +50,9 @@ impl Running {
         })
         .await;
         let _ = self.reloading.await;
+        if let Some(tracing) = &self.tracing {
+            tracing.shutdown().await;
+        }
         match drained {
             Ok(()) => tracing::info!("drained; exiting"),
             Err(_) => tracing::warn!("grace period over with requests still in flight; exiting"),

@@ -14,8 +14,8 @@ use arc_swap::ArcSwap;
 
 pub use observe::{LimitEvent, NoObserver, Observer};
 pub use types::{
-    AppliedLimit, Code, Descriptor, DescriptorStatus, Entry, LimitOverride, ReportedLimit, Request,
-    Response,
+    AnsweredBy, AppliedLimit, Code, Descriptor, DescriptorStatus, Entry, LimitOverride,
+    ReportedLimit, Request, Response, StoreCall,
 };
 
 use crate::algorithm::{Algorithm, Decision};
@@ -167,7 +167,9 @@ impl Limiter {
         let plans = plan(domain, request);
         let batch = self.batch(request, domain, &plans, deadline);
         let applied = self.apply(&batch).await?;
-        Ok(self.respond(request, &plans, &batch, applied.as_ref()))
+        let mut response = self.respond(request, &plans, &batch, applied.as_ref().map(|a| &a.0));
+        response.store_call = applied.map(|a| a.1);
+        Ok(response)
     }
 
     /// Every counter the plans need, in request order.
@@ -210,7 +212,7 @@ impl Limiter {
     }
 
     /// One store call for the whole batch (none when it is empty), observed.
-    async fn apply(&self, batch: &Batch) -> Result<Option<Applied>, LimitError> {
+    async fn apply(&self, batch: &Batch) -> Result<Option<(Applied, StoreCall)>, LimitError> {
         if batch.ops.is_empty() {
             return Ok(None);
         }
@@ -219,14 +221,27 @@ impl Limiter {
         // An answer from the failure policy is a store failure too (a timeout, an error,
         // or the open breaker's immediate answer).
         let answered = result.as_ref().is_ok_and(|a| !a.degraded);
-        self.observer.store_call(started.elapsed(), answered);
+        let elapsed = started.elapsed();
+        self.observer.store_call(elapsed, answered);
         let applied = result?;
         if batch.admission == Admission::Always
             && !crate::store::admitted(&batch.ops, &applied.decisions, Admission::ByRule)
         {
             self.observer.global_shadow_mode();
         }
-        Ok(Some(applied))
+        let call = StoreCall {
+            started,
+            elapsed,
+            answered_by: if applied.degraded {
+                AnsweredBy::FailureMode
+            } else if !applied.cached.is_empty() {
+                AnsweredBy::OverLimitCache
+            } else {
+                AnsweredBy::Store
+            },
+            calls: applied.calls,
+        };
+        Ok(Some((applied, call)))
     }
 
     /// The answer: one status per descriptor, the applied limits, the overall code and the
@@ -293,6 +308,7 @@ impl Limiter {
             statuses,
             limits: limits_out,
             metadata,
+            store_call: None,
         }
     }
 

@@ -84,6 +84,43 @@ pub struct Response {
     pub limits: Vec<AppliedLimit>,
     /// The merged `metadata` of the matched rules not over the limit.
     pub metadata: Option<BTreeMap<String, MetaValue>>,
+    /// The store call that decided it (`None`: nothing was counted), for traces.
+    pub store_call: Option<StoreCall>,
+}
+
+/// The store call of one request, for traces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreCall {
+    /// When it started.
+    pub started: std::time::Instant,
+    /// How long it took.
+    pub elapsed: std::time::Duration,
+    /// What answered.
+    pub answered_by: AnsweredBy,
+    /// The script calls it took, and the requests they carried.
+    pub calls: crate::store::Calls,
+}
+
+/// What decided a request's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnsweredBy {
+    /// The store.
+    Store,
+    /// The local over-limit cache (for one counter at least; the store for the others).
+    OverLimitCache,
+    /// The failure policy, the store having failed.
+    FailureMode,
+}
+
+impl AnsweredBy {
+    /// Its name in traces.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnsweredBy::Store => "store",
+            AnsweredBy::OverLimitCache => "over_limit_cache",
+            AnsweredBy::FailureMode => "failure_mode",
+        }
+    }
 }
 
 /// One counted limit of a request, as the response headers describe it.

@@ -16,6 +16,26 @@ use crate::algorithm::{Micros, SECOND};
 use crate::limiter::{self, Code, Descriptor, Entry, LimitOverride};
 use crate::policy::Unit;
 
+/// The entries of `request`'s descriptors, `k=v,k2=v2 | k3=v3` (for traces that ask for
+/// values). At most the first 64 descriptors and 16 entries of each are written.
+pub fn describe_values(request: &RateLimitRequest) -> String {
+    let descriptors: Vec<String> = request
+        .descriptors
+        .iter()
+        .take(64)
+        .map(|d| {
+            let entries: Vec<String> = d
+                .entries
+                .iter()
+                .take(16)
+                .map(|e| format!("{}={}", e.key, e.value))
+                .collect();
+            entries.join(",")
+        })
+        .collect();
+    descriptors.join(" | ")
+}
+
 /// Converts a proto request; `Err` carries the INVALID_ARGUMENT message.
 pub fn request_from_proto(request: RateLimitRequest) -> Result<limiter::Request, String> {
     // The request-level hits_addend applies where a descriptor has none; 0 means 1.

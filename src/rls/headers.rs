@@ -213,6 +213,7 @@ mod tests {
             statuses,
             limits,
             metadata: None,
+            store_call: None,
         }
     }
 

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status};
 use futures_util::FutureExt;
 
 use crate::limiter::{LimitError, Limiter};
+use crate::traces::{Method, RequestSpan, Tracing};
 
 pub use faults::ClientFaultsLayer;
 pub use headers::{ReferenceHeaders, ResponseOptions};
@@ -36,6 +37,8 @@ pub struct RlsService {
     metrics: Option<Arc<RlsMetrics>>,
     /// Decisions are errors while it awaits the first configuration from a control plane.
     health: Option<Arc<crate::health::Health>>,
+    /// A span per call, when tracing is on.
+    tracing: Option<Arc<Tracing>>,
 }
 
 impl RlsService {
@@ -51,6 +54,7 @@ impl RlsService {
             options: Arc::new(options),
             metrics: None,
             health: None,
+            tracing: None,
         }
     }
 
@@ -61,22 +65,43 @@ impl RlsService {
         self
     }
 
+    /// Traces every call (`TRACING_ENABLED`).
+    pub fn with_tracing(mut self, tracing: Arc<Tracing>) -> Self {
+        self.tracing = Some(tracing);
+        self
+    }
+
+    /// The span of a call arriving by `method` with `headers`, when tracing is on.
+    pub fn span(
+        &self,
+        method: Method,
+        headers: &tonic::codegen::http::HeaderMap,
+    ) -> Option<RequestSpan> {
+        self.tracing
+            .as_ref()
+            .map(|t| t.request_span(method, headers))
+    }
+
     /// Counts requests, answers and errors in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<RlsMetrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
-    /// Answers a request arriving by `method` (`ShouldRateLimit`, `json`), counting it; its
-    /// caller stops waiting at `deadline`, if it said.
+    /// Answers a request arriving by `method` (`ShouldRateLimit`, `json`), counting it and
+    /// telling `span`; its caller stops waiting at `deadline`, if it said.
     pub async fn answer_counted(
         &self,
         method: &str,
         request: RateLimitRequest,
         deadline: Option<tokio::time::Instant>,
+        mut span: Option<RequestSpan>,
     ) -> Result<RateLimitResponse, Status> {
         let started = std::time::Instant::now();
-        let result = self.answer(request, deadline).await;
+        let result = self.answer_traced(request, deadline, span.as_mut()).await;
+        if let Some(span) = span {
+            end_span(span, &result);
+        }
         if let Some(metrics) = &self.metrics {
             let code = match &result {
                 Ok(r) if r.overall_code == 2 => "OVER_LIMIT",
@@ -112,6 +137,21 @@ impl RlsService {
         request: RateLimitRequest,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, Status> {
+        self.answer_traced(request, deadline, None).await
+    }
+
+    /// Answers a decoded request, telling `span` what was asked and how it was decided.
+    async fn answer_traced(
+        &self,
+        request: RateLimitRequest,
+        deadline: Option<tokio::time::Instant>,
+        mut span: Option<&mut RequestSpan>,
+    ) -> Result<RateLimitResponse, Status> {
+        if let Some(span) = span.as_deref_mut() {
+            span.request(&request.domain, request.descriptors.len(), || {
+                convert::describe_values(&request)
+            });
+        }
         if self
             .health
             .as_ref()
@@ -135,6 +175,9 @@ impl RlsService {
                 Status::internal("internal error while answering the request")
             })?
             .map_err(status_from_error)?;
+        if let Some(span) = span {
+            span.decided(&response);
+        }
         let mut proto = convert::response_to_proto(&response, &self.options);
         proto.dynamic_metadata = summary.map(|s| s.into_struct(response.metadata.as_ref()));
         Ok(proto)
@@ -164,9 +207,29 @@ impl RateLimitService for RlsService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let deadline = grpc_timeout(request.metadata()).map(|t| tokio::time::Instant::now() + t);
-        self.answer_counted("ShouldRateLimit", request.into_inner(), deadline)
+        let span = self.span(Method::ShouldRateLimit, request.metadata().as_ref());
+        self.answer_counted("ShouldRateLimit", request.into_inner(), deadline, span)
             .await
             .map(Response::new)
+    }
+}
+
+/// Ends `span` with the answer's code (or the error's).
+fn end_span(span: RequestSpan, result: &Result<RateLimitResponse, Status>) {
+    match result {
+        Ok(r) => {
+            span.grpc_status(0);
+            let code = if r.overall_code == 2 {
+                "OVER_LIMIT"
+            } else {
+                "OK"
+            };
+            span.end(code, None);
+        }
+        Err(status) => {
+            span.grpc_status(status.code() as i64);
+            span.end(&format!("{:?}", status.code()), Some(status.message()));
+        }
     }
 }
 

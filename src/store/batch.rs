@@ -137,6 +137,38 @@ pub struct Applied {
     /// The store's time (µs) of the decision, where it has one clock (one Redis node, the
     /// memory store): what a later refund of these charges names in [`Batch::charged_at`].
     pub decided_at: Option<crate::algorithm::Micros>,
+    /// How the decisions were reached, for traces.
+    pub calls: Calls,
+}
+
+/// How one request's decisions reached a shared store, for traces: the script calls made
+/// for it, and the requests the largest of them carried (requests that arrive together share
+/// one call).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Calls {
+    /// Script calls made for this request (0: no store call, e.g. the memory store or the
+    /// over-limit cache answered alone).
+    pub script_calls: u32,
+    /// Requests in the largest of those calls, this one included.
+    pub requests_per_call: u32,
+}
+
+impl Calls {
+    /// One call carrying `requests` requests.
+    pub fn one(requests: usize) -> Self {
+        Self {
+            script_calls: 1,
+            requests_per_call: requests.min(u32::MAX as usize) as u32,
+        }
+    }
+
+    /// The calls of two parts of a request together.
+    pub fn and(self, other: Calls) -> Self {
+        Self {
+            script_calls: self.script_calls.saturating_add(other.script_calls),
+            requests_per_call: self.requests_per_call.max(other.requests_per_call),
+        }
+    }
 }
 
 /// Whether a request whose operations got `decisions` is admitted.

@@ -261,6 +261,7 @@ impl MemoryStore {
             degraded: false,
             cached: Vec::new(),
             decided_at: Some(now),
+            calls: Default::default(),
         }
     }
 }

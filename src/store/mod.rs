@@ -21,7 +21,7 @@ pub mod split;
 use std::future::Future;
 use std::pin::Pin;
 
-pub use batch::{Admission, Applied, Batch, CounterOp, FailureMode, Role, admitted};
+pub use batch::{Admission, Applied, Batch, Calls, CounterOp, FailureMode, Role, admitted};
 pub use key::CounterKey;
 pub(crate) use key::push_sha256_hex;
 pub use memory::MemoryStore;

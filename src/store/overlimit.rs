@@ -151,6 +151,7 @@ impl OverLimitCache {
         let over_key = &batch.ops[over].key;
         let (cached, others): (Vec<usize>, Vec<usize>) =
             (0..batch.ops.len()).partition(|&i| batch.ops[i].key == *over_key);
+        let mut calls = super::Calls::default();
         let mut decisions: Vec<Decision> =
             batch.ops.iter().map(|op| refusal(op, until, now)).collect();
         // The other counters' statuses are the store's: it reads them as for a rejected
@@ -165,6 +166,7 @@ impl OverLimitCache {
             };
             match self.inner.apply(&read).await {
                 Ok(applied) => {
+                    calls = applied.calls;
                     for (&i, decision) in others.iter().zip(applied.decisions) {
                         decisions[i] = decision;
                     }
@@ -189,6 +191,7 @@ impl OverLimitCache {
             degraded: false,
             cached,
             decided_at: None,
+            calls,
         }
     }
 
@@ -216,6 +219,7 @@ impl OverLimitCache {
                 degraded: false,
                 cached,
                 decided_at: None,
+                calls: Default::default(),
             });
         }
         let rest_batch = Batch {
@@ -234,6 +238,7 @@ impl OverLimitCache {
             degraded: applied.degraded,
             cached,
             decided_at: applied.decided_at,
+            calls: applied.calls,
         })
     }
 }

@@ -245,6 +245,7 @@ impl Resilient {
             degraded: true,
             cached: Vec::new(),
             decided_at: None,
+            calls: Default::default(),
         })
     }
 }

@@ -88,6 +88,7 @@ impl PerSecondSplit {
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
         let mut failure = None;
         let (mut degraded, mut cached) = (false, Vec::new());
+        let mut calls = super::Calls::default();
         for (half, reply) in halves.iter().zip(&replies) {
             match reply {
                 Ok(applied) => {
@@ -95,6 +96,7 @@ impl PerSecondSplit {
                         decisions[i] = Some(*d);
                     }
                     degraded |= applied.degraded;
+                    calls = calls.and(applied.calls);
                     cached.extend(applied.cached.iter().map(|&c| half.indices[c]));
                 }
                 Err(e) => failure = Some(e.clone()),
@@ -121,6 +123,7 @@ impl PerSecondSplit {
                 degraded,
                 cached,
                 decided_at: None,
+                calls,
             }),
             (_, Some(e)) => Err(e),
             (None, None) => Err(StoreError::Internal(

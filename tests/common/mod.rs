@@ -5,6 +5,7 @@
 
 pub mod certs;
 pub mod envoy;
+pub mod otlp;
 pub mod redis;
 pub mod reference;
 pub mod xds;
@@ -379,10 +380,25 @@ pub async fn http(
     path: &str,
     body: &str,
 ) -> std::io::Result<(u16, String)> {
+    http_with_headers(addr, method, path, &[], body).await
+}
+
+/// [`http`] with extra request headers.
+pub async fn http_with_headers(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;

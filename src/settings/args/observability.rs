@@ -142,6 +142,19 @@ impl TracingArgs {
                 OtlpProtocol::Grpc => "http://localhost:4317".to_owned(),
             },
         };
+        if protocol == OtlpProtocol::Http && endpoint.starts_with("https://") {
+            let id = if non_empty(&self.otel_exporter_otlp_traces_endpoint).is_some() {
+                "otel_exporter_otlp_traces_endpoint"
+            } else {
+                "otel_exporter_otlp_endpoint"
+            };
+            return Err(named(
+                &[id],
+                format!(
+                    "'{endpoint}': OTLP over HTTP is sent without TLS; use an http:// collector, or TRACING_EXPORTER_PROTOCOL=grpc for TLS"
+                ),
+            ));
+        }
         let mut headers = parse_headers(non_empty(&self.otel_exporter_otlp_headers).unwrap_or(""))
             .map_err(|m| named(&["otel_exporter_otlp_headers"], m))?;
         let traces =

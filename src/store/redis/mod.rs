@@ -26,7 +26,8 @@ use connect::{ConnHandle, Connector};
 pub use connect::{RedisKind, RedisOptions};
 
 use super::{
-    Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted,
+    Admission, Applied, Batch, BoxFuture, Calls, CounterOp, Role, Store, StoreError, StoreStatus,
+    admitted,
 };
 use crate::algorithm::{Algorithm, Decision, Micros};
 use crate::clock::Clock;
@@ -104,6 +105,8 @@ struct Reply {
     admitted: bool,
     now: Micros,
     decisions: Vec<Decision>,
+    /// Requests in the script call that decided it.
+    shared: usize,
 }
 
 impl RedisStore {
@@ -206,6 +209,7 @@ impl RedisStore {
                 degraded: false,
                 cached: Vec::new(),
                 decided_at: None,
+                calls: Default::default(),
             });
         }
         // Refunds of a charge made at a known time stay in its windows.
@@ -239,6 +243,7 @@ impl RedisStore {
             degraded: false,
             cached: Vec::new(),
             decided_at: Some(reply.now),
+            calls: Calls::one(reply.shared),
         })
     }
 
@@ -271,6 +276,7 @@ impl RedisStore {
                 (indices, ops, group_guards)
             })
             .collect();
+        let groups_sent = groups.len().min(u32::MAX as usize) as u32;
         let replies: Vec<Result<Reply, StoreError>> = join_all(
             groups
                 .iter()
@@ -310,6 +316,10 @@ impl RedisStore {
                 // One clock per node, all within a few milliseconds: the earliest stands for
                 // them (a later refund's window check is then at most that far off).
                 decided_at: charged.iter().map(|(_, now)| *now).min(),
+                calls: Calls {
+                    script_calls: groups_sent,
+                    requests_per_call: 1,
+                },
             }),
             (_, Some(e)) => Err(e),
             (None, None) => Err(StoreError::Internal(
@@ -442,6 +452,7 @@ fn decode(values: &[i64], parts: &[&Part]) -> Result<Vec<Result<Reply, StoreErro
             admitted,
             now,
             decisions,
+            shared: parts.len(),
         }));
     }
     if !rest.is_empty() {

@@ -1,0 +1,223 @@
+//! An OTLP receiver standing in for an OpenTelemetry collector (none can be installed
+//! here): OTLP/gRPC (`TraceService/Export`) and OTLP/HTTP (`POST /v1/traces`, protobuf),
+//! decoded with the `opentelemetry-proto` types, keeping every span it is sent.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use parking_lot::Mutex;
+use prost::Message;
+
+/// One span as received.
+#[derive(Debug, Clone)]
+pub struct Span {
+    /// The resource's `service.name`.
+    pub service: String,
+    /// Every resource attribute, as text.
+    pub resource: BTreeMap<String, String>,
+    pub name: String,
+    /// Hex, as in `traceparent`.
+    pub trace_id: String,
+    pub span_id: String,
+    /// Empty for a root span.
+    pub parent_span_id: String,
+    /// OTLP's span kind (2: server, 1: internal, 3: client).
+    pub kind: i32,
+    /// Every attribute, as text.
+    pub attributes: BTreeMap<String, String>,
+    /// OTLP's status code (2: error).
+    pub status: i32,
+    pub start_unix_nano: u64,
+    pub end_unix_nano: u64,
+}
+
+impl Span {
+    /// The attribute `key`, as text.
+    pub fn attr(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).map(String::as_str)
+    }
+}
+
+/// The receiver: its two addresses and what it got.
+#[derive(Clone)]
+pub struct Collector {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    spans: Arc<Mutex<Vec<Span>>>,
+    requests: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
+}
+
+#[derive(Clone)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Span>>>,
+    requests: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
+}
+
+impl Receiver {
+    fn keep(&self, request: ExportTraceServiceRequest, headers: BTreeMap<String, String>) {
+        self.requests.lock().push(headers);
+        let mut spans = self.spans.lock();
+        for resource_spans in request.resource_spans {
+            let resource: BTreeMap<String, String> = resource_spans
+                .resource
+                .map(|r| attributes(&r.attributes))
+                .unwrap_or_default();
+            let service = resource.get("service.name").cloned().unwrap_or_default();
+            for scope in resource_spans.scope_spans {
+                for s in scope.spans {
+                    spans.push(Span {
+                        service: service.clone(),
+                        resource: resource.clone(),
+                        name: s.name,
+                        trace_id: hex(&s.trace_id),
+                        span_id: hex(&s.span_id),
+                        parent_span_id: hex(&s.parent_span_id),
+                        kind: s.kind,
+                        attributes: attributes(&s.attributes),
+                        status: s.status.map_or(0, |st| st.code),
+                        start_unix_nano: s.start_time_unix_nano,
+                        end_unix_nano: s.end_time_unix_nano,
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn attributes(
+    kvs: &[opentelemetry_proto::tonic::common::v1::KeyValue],
+) -> BTreeMap<String, String> {
+    kvs.iter()
+        .map(|kv| {
+            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(Value::StringValue(s)) => s.clone(),
+                Some(Value::IntValue(i)) => i.to_string(),
+                Some(Value::BoolValue(b)) => b.to_string(),
+                Some(Value::DoubleValue(d)) => d.to_string(),
+                other => format!("{other:?}"),
+            };
+            (kv.key.clone(), value)
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let headers = request
+            .metadata()
+            .iter()
+            .filter_map(|kv| match kv {
+                tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
+                    Some((k.to_string(), v.to_str().ok()?.to_owned()))
+                }
+                _ => None,
+            })
+            .collect();
+        self.keep(request.into_inner(), headers);
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Collector {
+    /// Starts both endpoints on loopback ports.
+    pub async fn start() -> Self {
+        let receiver = Receiver {
+            spans: Arc::default(),
+            requests: Arc::default(),
+        };
+        let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc = grpc_listener.local_addr().unwrap();
+        let service = TraceServiceServer::new(receiver.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream_of(grpc_listener)),
+        );
+        let http_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = http_listener.local_addr().unwrap();
+        let http_receiver = receiver.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let receiver = http_receiver.clone();
+                    async move {
+                        let request = match ExportTraceServiceRequest::decode(body) {
+                            Ok(r) => r,
+                            Err(_) => return (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+                        };
+                        let headers = headers
+                            .iter()
+                            .filter_map(|(k, v)| Some((k.to_string(), v.to_str().ok()?.to_owned())))
+                            .collect();
+                        receiver.keep(request, headers);
+                        (
+                            axum::http::StatusCode::OK,
+                            ExportTraceServiceResponse::default().encode_to_vec(),
+                        )
+                    }
+                },
+            ),
+        );
+        tokio::spawn(async move { axum::serve(http_listener, app).await });
+        Self {
+            grpc,
+            http,
+            spans: receiver.spans,
+            requests: receiver.requests,
+        }
+    }
+
+    /// Every span received so far.
+    pub fn spans(&self) -> Vec<Span> {
+        self.spans.lock().clone()
+    }
+
+    /// The headers of every export request received so far.
+    pub fn export_headers(&self) -> Vec<BTreeMap<String, String>> {
+        self.requests.lock().clone()
+    }
+
+    /// Waits (within 20 s) until a span matches `wanted`, and returns it.
+    pub async fn span(&self, what: &str, wanted: impl Fn(&Span) -> bool) -> Span {
+        let found: Arc<Mutex<Option<Span>>> = Arc::default();
+        super::eventually_within(std::time::Duration::from_secs(20), what, || {
+            let hit = self.spans().into_iter().find(|s| wanted(s));
+            let found = found.clone();
+            async move {
+                let ok = hit.is_some();
+                *found.lock() = hit;
+                ok
+            }
+        })
+        .await;
+        found.lock().take().unwrap()
+    }
+}
+
+/// The accepted connections of `listener`, as tonic's server takes them.
+fn tokio_stream_of(
+    listener: tokio::net::TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures_util::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(s, _)| s);
+        Some((accepted, listener))
+    })
+}

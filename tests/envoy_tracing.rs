@@ -1,0 +1,209 @@
+//! One trace from Envoy into Sluice: a real Envoy with its OpenTelemetry tracer and Sluice
+//! with tracing on both export to the OTLP receiver in the test (Envoy over gRPC, Sluice over
+//! HTTP); one request through Envoy gives Envoy's spans and Sluice's in one trace, Sluice's
+//! span a child of Envoy's rate limit call.
+
+mod common;
+
+use std::net::TcpListener as StdListener;
+use std::time::Duration;
+
+use common::envoy::{self, Envoy};
+use common::otlp::Collector;
+use common::{TestServer, config_dir};
+use sluice::settings::{OtlpProtocol, Settings, TracingSettings};
+
+const CONFIG: &str = r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"#;
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Envoy: a traced front listener whose route asks Sluice, proxying to a direct response.
+fn bootstrap(front: u16, upstream: u16, admin: u16, sluice: u16, otlp: u16) -> String {
+    let cluster = |name: &str, port: u16, h2: bool| {
+        let h2 = if h2 {
+            r#"
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}"#
+        } else {
+            ""
+        };
+        format!(
+            r#"
+  - name: {name}
+    type: STATIC{h2}
+    load_assignment:
+      cluster_name: {name}
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]"#
+        )
+    };
+    let clusters = [
+        cluster("upstream", upstream, false),
+        cluster("sluice", sluice, true),
+        cluster("otlp", otlp, true),
+    ]
+    .concat();
+    format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+layered_runtime:
+  layers:
+  - name: flush-now
+    static_layer:
+      tracing.opentelemetry.flush_interval_ms: 100
+      tracing.opentelemetry.min_flush_spans: 1
+static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front
+          tracing:
+            random_sampling: {{value: 100}}
+            provider:
+              name: envoy.tracers.opentelemetry
+              typed_config:
+                "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
+                grpc_service:
+                  envoy_grpc: {{cluster_name: otlp}}
+                  timeout: 2s
+                service_name: front-envoy
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions:
+                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: edge
+              failure_mode_deny: true
+              timeout: 2s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: sluice}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - name: upstream
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: upstream
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "hello"}}}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:{clusters}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_through_envoy_is_one_trace_with_sluices_span_under_envoys_rate_limit_call() {
+    let collector = Collector::start().await;
+    let mut settings = Settings::for_tests(config_dir("envoy-tracing", &[("edge.yaml", CONFIG)]));
+    settings.tracing = Some(TracingSettings {
+        protocol: OtlpProtocol::Http,
+        endpoint: format!("http://{}/v1/traces", collector.http),
+        headers: Vec::new(),
+        timeout: Duration::from_secs(2),
+        service_name: "ratelimit".into(),
+        service_namespace: String::new(),
+        service_instance_id: None,
+        sampling_rate: 1.0,
+        descriptor_values: false,
+        max_queue: 2048,
+        max_batch: 512,
+        schedule_delay: Duration::from_millis(50),
+    });
+    let sluice = TestServer::start_with(settings).await;
+    let (front, upstream, admin) = (free_port(), free_port(), free_port());
+    let config = bootstrap(
+        front,
+        upstream,
+        admin,
+        sluice.grpc_addr.port(),
+        collector.grpc.port(),
+    );
+    let _envoy = Envoy::start(&config, admin).await;
+
+    let (status, _, _) = envoy::get(front, "/", &[("x-api-key", "secret-key-1")]).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = envoy::get(front, "/", &[("x-api-key", "secret-key-1")]).await;
+    assert_eq!(status, 429);
+
+    let ours = collector
+        .span("Sluice's span of the refused request", |s| {
+            s.service == "ratelimit" && s.attr("ratelimit.code") == Some("OVER_LIMIT")
+        })
+        .await;
+    let call = collector
+        .span("Envoy's span of that rate limit call", |s| {
+            s.service == "front-envoy" && s.span_id == ours.parent_span_id
+        })
+        .await;
+    assert_eq!(call.trace_id, ours.trace_id, "one trace");
+    assert!(call.name.contains("ShouldRateLimit"), "{call:?}");
+    let ingress = collector
+        .span("Envoy's span of the request", |s| {
+            s.service == "front-envoy" && s.span_id == call.parent_span_id
+        })
+        .await;
+    assert_eq!(ingress.trace_id, ours.trace_id);
+    assert_eq!(ours.attr("ratelimit.domain"), Some("edge"));
+    assert_eq!(ours.attr("ratelimit.rule"), Some("edge.api_key"));
+    assert_eq!(ours.attr("ratelimit.answered_by"), Some("store"));
+    collector
+        .span("Sluice's store call under its span", |s| {
+            s.name == "store call" && s.parent_span_id == ours.span_id
+        })
+        .await;
+    for span in collector
+        .spans()
+        .iter()
+        .filter(|s| s.service == "ratelimit")
+    {
+        assert!(
+            span.attributes
+                .values()
+                .all(|v| !v.contains("secret-key-1")),
+            "{span:?}"
+        );
+    }
+}
