@@ -77,9 +77,7 @@ impl RlsService {
         method: Method,
         headers: &tonic::codegen::http::HeaderMap,
     ) -> Option<RequestSpan> {
-        self.tracing
-            .as_ref()
-            .map(|t| t.request_span(method, headers))
+        self.tracing.as_ref()?.request_span(method, headers)
     }
 
     /// Counts requests, answers and errors in `metrics`.
@@ -95,13 +93,18 @@ impl RlsService {
         method: &str,
         request: RateLimitRequest,
         deadline: Option<tokio::time::Instant>,
-        mut span: Option<RequestSpan>,
+        span: Option<RequestSpan>,
     ) -> Result<RateLimitResponse, Status> {
         let started = std::time::Instant::now();
-        let result = self.answer_traced(request, deadline, span.as_mut()).await;
-        if let Some(span) = span {
-            end_span(span, &result);
-        }
+        // Two instances of one path: without a span it is the path of an untraced service.
+        let result = match span {
+            None => self.answer_told(request, deadline, &mut ()).await,
+            Some(mut span) => {
+                let result = self.answer_told(request, deadline, &mut span).await;
+                end_span(span, &result);
+                result
+            }
+        };
         if let Some(metrics) = &self.metrics {
             let code = match &result {
                 Ok(r) if r.overall_code == 2 => "OVER_LIMIT",
@@ -137,21 +140,17 @@ impl RlsService {
         request: RateLimitRequest,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, Status> {
-        self.answer_traced(request, deadline, None).await
+        self.answer_told(request, deadline, &mut ()).await
     }
 
-    /// Answers a decoded request, telling `span` what was asked and how it was decided.
-    async fn answer_traced(
+    /// Answers a decoded request, telling `told` what was asked and how it was decided.
+    async fn answer_told<T: Told>(
         &self,
         request: RateLimitRequest,
         deadline: Option<tokio::time::Instant>,
-        mut span: Option<&mut RequestSpan>,
+        told: &mut T,
     ) -> Result<RateLimitResponse, Status> {
-        if let Some(span) = span.as_deref_mut() {
-            span.request(&request.domain, request.descriptors.len(), || {
-                convert::describe_values(&request)
-            });
-        }
+        told.request(&request);
         if self
             .health
             .as_ref()
@@ -175,9 +174,7 @@ impl RlsService {
                 Status::internal("internal error while answering the request")
             })?
             .map_err(status_from_error)?;
-        if let Some(span) = span {
-            span.decided(&response);
-        }
+        told.decided(&response);
         let mut proto = convert::response_to_proto(&response, &self.options);
         proto.dynamic_metadata = summary.map(|s| s.into_struct(response.metadata.as_ref()));
         Ok(proto)
@@ -211,6 +208,29 @@ impl RateLimitService for RlsService {
         self.answer_counted("ShouldRateLimit", request.into_inner(), deadline, span)
             .await
             .map(Response::new)
+    }
+}
+
+/// What is told about a request as it is answered: nothing (`()`), or its span.
+trait Told: Send {
+    fn request(&mut self, request: &RateLimitRequest);
+    fn decided(&mut self, response: &crate::limiter::Response);
+}
+
+impl Told for () {
+    fn request(&mut self, _: &RateLimitRequest) {}
+    fn decided(&mut self, _: &crate::limiter::Response) {}
+}
+
+impl Told for RequestSpan {
+    fn request(&mut self, request: &RateLimitRequest) {
+        RequestSpan::request(self, &request.domain, request.descriptors.len(), || {
+            convert::describe_values(request)
+        });
+    }
+
+    fn decided(&mut self, response: &crate::limiter::Response) {
+        RequestSpan::decided(self, response);
     }
 }
 

@@ -1,7 +1,9 @@
 //! The span processor: finished spans go into a bounded queue (never waiting: a full queue
 //! drops the span and counts it), and one task exports them in batches, one export at a
-//! time, each within the export timeout. A slow, failing or absent collector therefore costs
-//! a decision nothing but, at worst, its span.
+//! time, each within the export timeout. After a failed export the task waits (1 s, doubling
+//! to 30 s) before the next, so the queue stays full while the collector is away, and the
+//! [`Gate`] then tells requests not to build spans at all. A slow, failing or absent collector
+//! therefore costs a decision nothing but, at worst, its span.
 
 use std::time::Duration;
 
@@ -62,6 +64,28 @@ pub struct QueueProcessor {
     counters: Counters,
 }
 
+/// Whether a new span has room in the queue: a span that would be dropped is not worth
+/// building (a full queue means the collector is slow or away).
+#[derive(Debug, Clone)]
+pub struct Gate {
+    queue: mpsc::Sender<SpanData>,
+    dropped: IntCounter,
+}
+
+impl Gate {
+    /// True when the queue has room; otherwise counts the span not made as dropped.
+    pub fn admits(&self) -> bool {
+        if self.queue.capacity() > 0 {
+            return true;
+        }
+        self.dropped.inc();
+        false
+    }
+}
+
+/// First and longest wait after a failed export.
+const BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
 /// Logs about dropped spans, at most once a minute.
 static DROPS_LOGGED: Every = Every::new(Duration::from_secs(60));
 
@@ -73,11 +97,15 @@ impl QueueProcessor {
         limits: Limits,
         registry: &Registry,
         stop: CancellationToken,
-    ) -> (Self, tokio::task::JoinHandle<()>) {
+    ) -> (Self, Gate, tokio::task::JoinHandle<()>) {
         let (queue, spans) = mpsc::channel(limits.max_queue);
         let counters = Counters::register(registry);
         let task = tokio::spawn(export_loop(exporter, spans, limits, counters.clone(), stop));
-        (Self { queue, counters }, task)
+        let gate = Gate {
+            queue: queue.clone(),
+            dropped: counters.dropped_queue_full.clone(),
+        };
+        (Self { queue, counters }, gate, task)
     }
 }
 
@@ -116,6 +144,7 @@ async fn export_loop<E: SpanExporter>(
     counters: Counters,
     stop: CancellationToken,
 ) {
+    let mut backoff = BACKOFF.0;
     loop {
         let first = tokio::select! {
             span = spans.recv() => span,
@@ -133,7 +162,15 @@ async fn export_loop<E: SpanExporter>(
                 _ = stop.cancelled() => break,
             }
         }
-        export(&exporter, batch, limits.timeout, &counters).await;
+        if export(&exporter, batch, limits.timeout, &counters).await {
+            backoff = BACKOFF.0;
+        } else {
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(BACKOFF.1);
+        }
     }
     // Stopping: what is queued goes out, in batches, each within the timeout.
     let mut rest = Vec::new();
@@ -154,17 +191,18 @@ async fn export_loop<E: SpanExporter>(
     }
 }
 
+/// Exports `batch` within `timeout`; whether the collector took it.
 async fn export<E: SpanExporter>(
     exporter: &E,
     batch: Vec<SpanData>,
     timeout: Duration,
     counters: &Counters,
-) {
+) -> bool {
     let n = batch.len() as u64;
     let error = match tokio::time::timeout(timeout, exporter.export(batch)).await {
         Ok(Ok(())) => {
             counters.exported.inc_by(n);
-            return;
+            return true;
         }
         Ok(Err(e)) => e.to_string(),
         Err(_) => format!("no answer within {timeout:?}"),
@@ -173,4 +211,5 @@ async fn export<E: SpanExporter>(
     if DROPS_LOGGED.ready() {
         tracing::warn!(%error, spans = n, "trace spans dropped: the collector did not take them");
     }
+    false
 }

@@ -35,6 +35,7 @@ pub struct Tracing {
     stop: CancellationToken,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     timeout: std::time::Duration,
+    gate: export::Gate,
 }
 
 impl std::fmt::Debug for Tracing {
@@ -74,7 +75,7 @@ impl Tracing {
             schedule_delay: settings.schedule_delay,
             timeout: settings.timeout,
         };
-        let (processor, task) =
+        let (processor, gate, task) =
             export::QueueProcessor::start(exporter, limits, registry, stop.clone());
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
@@ -105,20 +106,29 @@ impl Tracing {
             stop,
             task: Mutex::new(Some(task)),
             timeout: settings.timeout,
+            gate,
         }))
     }
 
     /// The span of one call arriving by `method`, a child of the caller's span in `headers`
-    /// if they carry one.
+    /// if they carry one; `None` while the export queue is full (the span would be dropped).
     pub fn request_span(
         &self,
         method: Method,
         headers: &tonic::codegen::http::HeaderMap,
-    ) -> RequestSpan {
+    ) -> Option<RequestSpan> {
+        if !self.gate.admits() {
+            return None;
+        }
         let parent = self
             .propagator
             .extract_with_context(&Context::new(), &Headers(headers));
-        RequestSpan::start(&self.tracer, method, &parent, self.descriptor_values)
+        Some(RequestSpan::start(
+            &self.tracer,
+            method,
+            &parent,
+            self.descriptor_values,
+        ))
     }
 
     /// Exports what is queued (within the export timeout) and stops the task.

@@ -37,8 +37,11 @@ pub enum Method {
     Json,
 }
 
-/// The span of one call, ended by [`RequestSpan::end`].
-pub struct RequestSpan {
+/// The span of one call, ended by [`RequestSpan::end`]. Boxed: the request path's futures
+/// carry an `Option` of it, which with tracing off should cost them one word.
+pub struct RequestSpan(Box<Inner>);
+
+struct Inner {
     cx: Context,
     tracer: SdkTracer,
     descriptor_values: bool,
@@ -73,16 +76,16 @@ impl RequestSpan {
             .with_kind(SpanKind::Server)
             .with_attributes(attributes)
             .start_with_context(tracer, parent);
-        Self {
+        Self(Box::new(Inner {
             cx: parent.with_span(span),
             tracer: tracer.clone(),
             descriptor_values,
-        }
+        }))
     }
 
     /// Whether the span is recorded (sampled); the other calls do nothing when it is not.
     pub fn is_recording(&self) -> bool {
-        self.cx.span().is_recording()
+        self.0.cx.span().is_recording()
     }
 
     /// What was asked. `values` renders the descriptors' entries, called only when spans
@@ -91,10 +94,10 @@ impl RequestSpan {
         if !self.is_recording() {
             return;
         }
-        let span = self.cx.span();
+        let span = self.0.cx.span();
         span.set_attribute(KeyValue::new("ratelimit.domain", domain.to_owned()));
         span.set_attribute(KeyValue::new("ratelimit.descriptors", descriptors as i64));
-        if self.descriptor_values {
+        if self.0.descriptor_values {
             let mut text = values();
             if text.len() > MAX_VALUES {
                 let mut end = MAX_VALUES;
@@ -113,7 +116,7 @@ impl RequestSpan {
         if !self.is_recording() {
             return;
         }
-        let span = self.cx.span();
+        let span = self.0.cx.span();
         let rule = response
             .limits
             .iter()
@@ -144,12 +147,13 @@ impl RequestSpan {
             ));
         }
         let mut child = self
+            .0
             .tracer
             .span_builder("store call")
             .with_kind(SpanKind::Internal)
             .with_start_time(start)
             .with_attributes(attributes)
-            .start_with_context(&self.tracer, &self.cx);
+            .start_with_context(&self.0.tracer, &self.0.cx);
         if call.answered_by == crate::limiter::AnsweredBy::FailureMode {
             child.set_status(Status::error("the store failed; the failure mode answered"));
         }
@@ -159,7 +163,7 @@ impl RequestSpan {
     /// The answer: `code` (`OK`, `OVER_LIMIT`, or an error's code name) and, for an error,
     /// its message.
     pub fn end(self, code: &str, error: Option<&str>) {
-        let span = self.cx.span();
+        let span = self.0.cx.span();
         if span.is_recording() {
             span.set_attribute(KeyValue::new("ratelimit.code", code.to_owned()));
             if let Some(message) = error {
@@ -171,7 +175,8 @@ impl RequestSpan {
 
     /// The gRPC status code, on the gRPC span.
     pub fn grpc_status(&self, code: i64) {
-        self.cx
+        self.0
+            .cx
             .span()
             .set_attribute(KeyValue::new("rpc.grpc.status_code", code));
     }

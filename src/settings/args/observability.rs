@@ -406,6 +406,88 @@ mod tests {
         assert!(check_url("http:///x").is_err());
     }
 
+    fn tracing(args: &[&str]) -> Result<Option<TracingSettings>, String> {
+        use clap::{Args as _, FromArgMatches as _};
+        let command = TracingArgs::augment_args(clap::Command::new("serve").no_binary_name(true));
+        let matches = command
+            .try_get_matches_from(args)
+            .map_err(|e| e.to_string())?;
+        let args = TracingArgs::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+        args.resolve().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_reference_protocol_wins_and_endpoints_follow_it() {
+        assert_eq!(tracing(&[]).unwrap(), None);
+        let http = tracing(&["--tracing-enabled"]).unwrap().unwrap();
+        assert_eq!(http.protocol, OtlpProtocol::Http);
+        assert_eq!(http.endpoint, "http://localhost:4318/v1/traces");
+        assert_eq!(http.service_name, "RateLimit");
+        assert_eq!(http.service_instance_id, None);
+        let grpc = tracing(&[
+            "--tracing-enabled",
+            "--otel-exporter-otlp-protocol",
+            "http/protobuf",
+            "--tracing-exporter-protocol",
+            "grpc",
+            "--otel-exporter-otlp-endpoint",
+            "http://collector:4317",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(grpc.protocol, OtlpProtocol::Grpc);
+        assert_eq!(grpc.endpoint, "http://collector:4317");
+        let standard = tracing(&[
+            "--tracing-enabled",
+            "--otel-exporter-otlp-protocol",
+            "http/protobuf",
+            "--otel-exporter-otlp-endpoint",
+            "http://collector:4318/",
+            "--otel-exporter-otlp-headers",
+            "a=1",
+            "--otel-exporter-otlp-traces-headers",
+            "a=2,b=3",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(standard.endpoint, "http://collector:4318/v1/traces");
+        assert_eq!(
+            standard.headers,
+            vec![("a".into(), "2".into()), ("b".into(), "3".into())]
+        );
+    }
+
+    #[test]
+    fn bad_tracing_settings_are_named() {
+        let err =
+            tracing(&["--tracing-enabled", "--tracing-exporter-protocol", "udp"]).unwrap_err();
+        assert!(
+            err.contains("TRACING_EXPORTER_PROTOCOL") && err.contains("'udp'"),
+            "{err}"
+        );
+        let err = tracing(&[
+            "--tracing-enabled",
+            "--otel-exporter-otlp-protocol",
+            "http/json",
+        ])
+        .unwrap_err();
+        assert!(err.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{err}");
+        let err = tracing(&[
+            "--tracing-enabled",
+            "--otel-exporter-otlp-endpoint",
+            "https://c:4318",
+        ])
+        .unwrap_err();
+        assert!(
+            err.contains("OTEL_EXPORTER_OTLP_ENDPOINT") && err.contains("without TLS"),
+            "{err}"
+        );
+        let err = tracing(&["--tracing-enabled", "--tracing-sampling-rate", "2"]).unwrap_err();
+        assert!(err.contains("[0, 1]"), "{err}");
+        let err = tracing(&["--tracing-enabled", "--otel-bsp-max-queue-size", "0"]).unwrap_err();
+        assert!(err.contains("at least 1"), "{err}");
+    }
+
     #[test]
     fn sampling_rate_is_a_share() {
         assert_eq!(parse_sampling_rate("0").unwrap(), 0.0);
