@@ -1,7 +1,8 @@
 //! One trace from Envoy into Sluice: a real Envoy with its OpenTelemetry tracer and Sluice
 //! with tracing on both export to the OTLP receiver in the test (Envoy over gRPC, Sluice over
 //! HTTP); one request through Envoy gives Envoy's spans and Sluice's in one trace, Sluice's
-//! span a child of Envoy's rate limit call.
+//! span a child of Envoy's rate limit call. The same with Envoy's Zipkin tracer, which passes
+//! the trace on in B3 headers.
 
 mod common;
 
@@ -28,8 +29,38 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Envoy's OpenTelemetry tracer, exporting to the receiver's gRPC port.
+fn opentelemetry_tracer() -> &'static str {
+    r#"name: envoy.tracers.opentelemetry
+              typed_config:
+                "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
+                grpc_service:
+                  envoy_grpc: {cluster_name: otlp}
+                  timeout: 2s
+                service_name: front-envoy"#
+}
+
+/// Envoy's Zipkin tracer (B3 headers), exporting to the receiver's HTTP port.
+fn zipkin_tracer() -> &'static str {
+    r#"name: envoy.tracers.zipkin
+              typed_config:
+                "@type": type.googleapis.com/envoy.config.trace.v3.ZipkinConfig
+                collector_cluster: zipkin
+                collector_endpoint: /api/v2/spans
+                collector_endpoint_version: HTTP_JSON
+                trace_id_128bit: true"#
+}
+
 /// Envoy: a traced front listener whose route asks Sluice, proxying to a direct response.
-fn bootstrap(front: u16, upstream: u16, admin: u16, sluice: u16, otlp: u16) -> String {
+fn bootstrap(
+    front: u16,
+    upstream: u16,
+    admin: u16,
+    sluice: u16,
+    collector: &Collector,
+    tracer: &str,
+) -> String {
+    let (otlp, zipkin) = (collector.grpc.port(), collector.http.port());
     let cluster = |name: &str, port: u16, h2: bool| {
         let h2 = if h2 {
             r#"
@@ -53,10 +84,12 @@ fn bootstrap(front: u16, upstream: u16, admin: u16, sluice: u16, otlp: u16) -> S
         cluster("upstream", upstream, false),
         cluster("sluice", sluice, true),
         cluster("otlp", otlp, true),
+        cluster("zipkin", zipkin, false),
     ]
     .concat();
     format!(
         r#"
+node: {{id: edge-1, cluster: front-envoy}}
 admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
 layered_runtime:
@@ -65,6 +98,8 @@ layered_runtime:
     static_layer:
       tracing.opentelemetry.flush_interval_ms: 100
       tracing.opentelemetry.min_flush_spans: 1
+      tracing.zipkin.flush_interval_ms: 100
+      tracing.zipkin.min_flush_spans: 1
 static_resources:
   listeners:
   - name: front
@@ -78,13 +113,7 @@ static_resources:
           tracing:
             random_sampling: {{value: 100}}
             provider:
-              name: envoy.tracers.opentelemetry
-              typed_config:
-                "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
-                grpc_service:
-                  envoy_grpc: {{cluster_name: otlp}}
-                  timeout: 2s
-                service_name: front-envoy
+              {tracer}
           route_config:
             virtual_hosts:
             - name: all
@@ -134,9 +163,8 @@ static_resources:
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_request_through_envoy_is_one_trace_with_sluices_span_under_envoys_rate_limit_call() {
-    let collector = Collector::start().await;
+/// Sluice exporting to the receiver over OTLP/HTTP.
+async fn traced_sluice(collector: &Collector) -> TestServer {
     let mut settings = Settings::for_tests(config_dir("envoy-tracing", &[("edge.yaml", CONFIG)]));
     settings.tracing = Some(TracingSettings {
         protocol: OtlpProtocol::Http,
@@ -152,14 +180,21 @@ async fn one_request_through_envoy_is_one_trace_with_sluices_span_under_envoys_r
         max_batch: 512,
         schedule_delay: Duration::from_millis(50),
     });
-    let sluice = TestServer::start_with(settings).await;
+    TestServer::start_with(settings).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_through_envoy_is_one_trace_with_sluices_span_under_envoys_rate_limit_call() {
+    let collector = Collector::start().await;
+    let sluice = traced_sluice(&collector).await;
     let (front, upstream, admin) = (free_port(), free_port(), free_port());
     let config = bootstrap(
         front,
         upstream,
         admin,
         sluice.grpc_addr.port(),
-        collector.grpc.port(),
+        &collector,
+        opentelemetry_tracer(),
     );
     let _envoy = Envoy::start(&config, admin).await;
 
@@ -206,4 +241,50 @@ async fn one_request_through_envoy_is_one_trace_with_sluices_span_under_envoys_r
             "{span:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoys_zipkin_tracer_b3_headers_make_sluices_span_a_child_too() {
+    let collector = Collector::start().await;
+    let sluice = traced_sluice(&collector).await;
+    let (front, upstream, admin) = (free_port(), free_port(), free_port());
+    let config = bootstrap(
+        front,
+        upstream,
+        admin,
+        sluice.grpc_addr.port(),
+        &collector,
+        zipkin_tracer(),
+    );
+    let _envoy = Envoy::start(&config, admin).await;
+    // The client's own B3 trace, which Envoy continues and passes on in B3 headers.
+    let trace = "6e0c63257de34c926f9efcd03927272e";
+    let (status, _, _) = envoy::get(
+        front,
+        "/",
+        &[
+            ("x-api-key", "b3-key"),
+            ("x-b3-traceid", trace),
+            ("x-b3-spanid", "e457b5a2e4d86bd1"),
+            ("x-b3-sampled", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let ours = collector
+        .span("Sluice's span in the client's B3 trace", |s| {
+            s.service == "ratelimit" && s.name.ends_with("/ShouldRateLimit") && s.trace_id == trace
+        })
+        .await;
+    assert_ne!(
+        ours.parent_span_id, "e457b5a2e4d86bd1",
+        "Envoy's span sits between"
+    );
+    let call = collector
+        .span("Envoy's Zipkin span of the rate limit call", |s| {
+            s.service == "front-envoy" && s.span_id == ours.parent_span_id
+        })
+        .await;
+    assert_eq!(call.trace_id, trace);
+    assert!(call.name.contains("ShouldRateLimit"), "{call:?}");
 }

@@ -1,6 +1,7 @@
 //! An OTLP receiver standing in for an OpenTelemetry collector (none can be installed
 //! here): OTLP/gRPC (`TraceService/Export`) and OTLP/HTTP (`POST /v1/traces`, protobuf),
-//! decoded with the `opentelemetry-proto` types, keeping every span it is sent.
+//! decoded with the `opentelemetry-proto` types, keeping every span it is sent; and, for
+//! Envoy's Zipkin tracer, Zipkin's JSON v2 (`POST /api/v2/spans`) on the HTTP port.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -93,6 +94,42 @@ impl Receiver {
     }
 }
 
+impl Receiver {
+    fn keep_zipkin(&self, spans: &[serde_json::Value]) {
+        let text = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_owned();
+        let mut kept = self.spans.lock();
+        for s in spans {
+            let attributes = s["tags"]
+                .as_object()
+                .map(|t| {
+                    t.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            kept.push(Span {
+                service: text(&s["localEndpoint"], "serviceName"),
+                resource: BTreeMap::new(),
+                name: text(s, "name"),
+                trace_id: text(s, "traceId"),
+                span_id: text(s, "id"),
+                parent_span_id: text(s, "parentId"),
+                kind: match s["kind"].as_str() {
+                    Some("SERVER") => 2,
+                    Some("CLIENT") => 3,
+                    _ => 1,
+                },
+                attributes,
+                status: 0,
+                start_unix_nano: s["timestamp"].as_u64().unwrap_or(0) * 1000,
+                end_unix_nano: (s["timestamp"].as_u64().unwrap_or(0)
+                    + s["duration"].as_u64().unwrap_or(0))
+                    * 1000,
+            });
+        }
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -175,6 +212,20 @@ impl Collector {
                     }
                 },
             ),
+        );
+        // Zipkin's JSON v2 (Envoy's Zipkin tracer, for B3 through a real Envoy), kept as spans.
+        let zipkin_receiver = receiver.clone();
+        let app = app.route(
+            "/api/v2/spans",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let receiver = zipkin_receiver.clone();
+                async move {
+                    let spans: Vec<serde_json::Value> =
+                        serde_json::from_slice(&body).unwrap_or_default();
+                    receiver.keep_zipkin(&spans);
+                    axum::http::StatusCode::ACCEPTED
+                }
+            }),
         );
         tokio::spawn(async move { axum::serve(http_listener, app).await });
         Self {
