@@ -2,7 +2,7 @@
 //! call, a child of the caller's span when its headers carry one (W3C `traceparent` and
 //! `tracestate`, B3 single or multiple headers, and W3C `baggage` are read, as the reference
 //! reads them), and a child span for the store call. Spans are exported over OTLP (HTTP or
-//! gRPC) from a bounded queue by a task of their own ([`export`]); with tracing off there is
+//! gRPC) from a bounded queue by a task of their own (`export.rs`); with tracing off there is
 //! no [`Tracing`] and the request path only tests an `Option`.
 
 mod b3;
