@@ -30,18 +30,18 @@ use std::time::Duration;
 
 use cadence::{Counted, MetricSink, StatsdClient, Timed};
 use parking_lot::Mutex;
+use prometheus::Registry;
 use prometheus::proto::{MetricFamily, MetricType};
-use prometheus::{IntCounter, Registry};
-use tokio::io::AsyncWriteExt;
 
 use crate::settings::{StatsdFormat, StatsdSettings};
+pub use names::sanitize;
+use transport::Transport;
+
+mod names;
+mod transport;
 
 /// Longest wait to connect to the statsd server, and to write one flush.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Largest DogStatsD datagram: one that is not fragmented on an Ethernet path (the size
-/// DogStatsD clients use).
-const MAX_DATAGRAM: usize = 1432;
 
 /// Sends the registry's reference stats every flush interval until `stop`, then once more.
 pub async fn run(
@@ -270,161 +270,15 @@ fn label<'m>(metric: &'m prometheus::proto::Metric, name: &str) -> Option<&'m st
         .map(|l| l.value())
 }
 
-/// A stats key as the reference writes it: `:` and `|` (the protocol's separators) as `_`,
-/// and the dots of an IPv4 address as `_` (so that an address is one name component).
-/// Control characters, which would end a line, become `_` too.
-pub fn sanitize(key: &str) -> String {
-    let mut out: Vec<u8> = key
-        .bytes()
-        .map(|b| match b {
-            b':' | b'|' => b'_',
-            b if b.is_ascii_control() => b'_',
-            b => b,
-        })
-        .collect();
-    // Dotted quads: four runs of 1-3 digits joined by dots, not inside a longer number.
-    let mut i = 0;
-    while i < out.len() {
-        let starts = out[i].is_ascii_digit() && (i == 0 || !out[i - 1].is_ascii_digit());
-        if let Some(end) = starts.then(|| dotted_quad(&out[i..])).flatten() {
-            for b in &mut out[i..i + end] {
-                if *b == b'.' {
-                    *b = b'_';
-                }
-            }
-            i += end;
-        } else {
-            i += 1;
-        }
-    }
-    String::from_utf8(out).unwrap_or_default()
-}
-
-/// The length of the IPv4 address at the start of `bytes`, if there is one.
-fn dotted_quad(bytes: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    for part in 0..4 {
-        if part > 0 {
-            if bytes.get(at) != Some(&b'.') {
-                return None;
-            }
-            at += 1;
-        }
-        let digits = bytes[at..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        if !(1..=3).contains(&digits) {
-            return None;
-        }
-        at += digits;
-    }
-    Some(at)
-}
-
 /// A tag value as the reference's stats library cleans it: `.`, `:` and `|` as `_`.
 fn tag_value(value: &str) -> String {
     value.replace(['.', ':', '|'], "_")
 }
 
-/// The connection to the statsd server.
-enum Transport {
-    /// statsd over TCP; connected on the first flush, again after a failure.
-    Tcp {
-        addr: (String, u16),
-        stream: Option<tokio::net::TcpStream>,
-    },
-    /// DogStatsD over UDP.
-    Udp {
-        addr: (String, u16),
-        socket: Option<tokio::net::UdpSocket>,
-    },
-}
-
-impl Transport {
-    fn new(settings: &StatsdSettings) -> Self {
-        let addr = (settings.host.clone(), settings.port);
-        match settings.format {
-            StatsdFormat::Statsd => Transport::Tcp { addr, stream: None },
-            StatsdFormat::DogStatsd => Transport::Udp { addr, socket: None },
-        }
-    }
-
-    /// Sends `lines`; on failure they are dropped and counted.
-    async fn send(&mut self, lines: &[String], dropped: &IntCounter) {
-        if lines.is_empty() {
-            return;
-        }
-        let result = tokio::time::timeout(IO_TIMEOUT, self.try_send(lines))
-            .await
-            .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "timed out")));
-        if let Err(error) = result {
-            if let Transport::Tcp { stream, .. } = self {
-                *stream = None;
-            }
-            dropped.inc_by(lines.len() as u64);
-            static LOGGED: crate::logging::Every =
-                crate::logging::Every::new(Duration::from_secs(60));
-            if LOGGED.ready() {
-                tracing::warn!(%error, lines = lines.len(), "stats dropped: the statsd server did not take them");
-            }
-        }
-    }
-
-    async fn try_send(&mut self, lines: &[String]) -> io::Result<()> {
-        match self {
-            Transport::Tcp { addr, stream } => {
-                if stream.is_none() {
-                    let s = tokio::net::TcpStream::connect((addr.0.as_str(), addr.1)).await?;
-                    s.set_nodelay(true)?;
-                    *stream = Some(s);
-                }
-                let mut text = String::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
-                for line in lines {
-                    text.push_str(line);
-                    text.push('\n');
-                }
-                let s = stream.as_mut().expect("connected above");
-                s.write_all(text.as_bytes()).await?;
-                s.flush().await
-            }
-            Transport::Udp { addr, socket } => {
-                if socket.is_none() {
-                    let target = tokio::net::lookup_host((addr.0.as_str(), addr.1))
-                        .await?
-                        .next()
-                        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
-                    let local = if target.is_ipv4() {
-                        "0.0.0.0:0"
-                    } else {
-                        "[::]:0"
-                    };
-                    let s = tokio::net::UdpSocket::bind(local).await?;
-                    s.connect(target).await?;
-                    *socket = Some(s);
-                }
-                let s = socket.as_ref().expect("bound above");
-                let mut packet = String::new();
-                for line in lines {
-                    if !packet.is_empty() && packet.len() + 1 + line.len() > MAX_DATAGRAM {
-                        s.send(packet.as_bytes()).await?;
-                        packet.clear();
-                    }
-                    if !packet.is_empty() {
-                        packet.push('\n');
-                    }
-                    packet.push_str(line);
-                }
-                s.send(packet.as_bytes()).await?;
-                Ok(())
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus::IntCounter;
 
     #[test]
     fn keys_are_sanitized_as_the_reference_does() {

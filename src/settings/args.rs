@@ -7,13 +7,14 @@
 
 mod failure;
 mod listen;
-mod observability;
 mod requests;
 mod response;
 mod shutdown;
 mod source;
+mod stats;
 mod store;
 mod telemetry;
+mod traces;
 mod xds;
 
 use clap::Args;
@@ -43,9 +44,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     telemetry: telemetry::TelemetryArgs,
     #[command(flatten)]
-    tracing: observability::TracingArgs,
+    tracing: traces::TracingArgs,
     #[command(flatten)]
-    stats: observability::StatsArgs,
+    stats: stats::StatsArgs,
     #[command(flatten)]
     shutdown: shutdown::ShutdownArgs,
 }
