@@ -278,13 +278,15 @@ impl Prepared {
         if let Some(listener) = listeners.metrics {
             self.spawn_prometheus(listener, &drain);
         }
-        if let Some(statsd) = &self.settings.statsd {
+        // Stopped after the drain, so that its last flush has every request's counts.
+        let stats_stop = CancellationToken::new();
+        let statsd = self.settings.statsd.as_ref().map(|statsd| {
             tokio::spawn(crate::metrics::statsd::run(
                 statsd.clone(),
                 self.metrics.registry().clone(),
-                drain.clone().cancelled_owned(),
-            ));
-        }
+                stats_stop.clone().cancelled_owned(),
+            ))
+        });
         let running = Running {
             grpc: tokio::spawn(grpc),
             http: tokio::spawn(http),
@@ -293,6 +295,7 @@ impl Prepared {
             reporter,
             drain,
             tracing,
+            statsd: statsd.map(|task| (stats_stop, task)),
         };
         running.health.set_serving(true);
         report_health(&running.reporter, &running.health).await;

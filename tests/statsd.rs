@@ -304,3 +304,22 @@ fn glob(pattern: &str, name: &str) -> Option<Vec<String>> {
     }
     Some(captures)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_counts_are_flushed_at_shutdown() {
+    let (port, lines) = tcp_statsd().await;
+    let mut settings = settings(StatsdFormat::Statsd, port, &[]);
+    if let Some(statsd) = settings.statsd.as_mut() {
+        statsd.flush_interval = Duration::from_secs(3600);
+    }
+    settings.shutdown_delay = Duration::ZERO;
+    let server = TestServer::start_with(settings).await;
+    server.domain("shop").hit("api_key=k-1").await;
+    server.stop().await.unwrap();
+    let name = "ratelimit.service.rate_limit.shop.api_key.total_hits";
+    eventually("the shutdown's flush arrives", || {
+        let lines = lines.lock().clone();
+        async move { total(&lines, name) == 1 }
+    })
+    .await;
+}

@@ -331,3 +331,25 @@ async fn redis_store_spans_say_how_many_requests_shared_a_script_call_and_what_a
         .await;
     assert_eq!(failed.status, 2, "an error status");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_still_queued_at_shutdown_are_sent_before_the_process_exits() {
+    let collector = Collector::start().await;
+    let mut tracing = tracing(
+        OtlpProtocol::Http,
+        format!("http://{}/v1/traces", collector.http),
+    );
+    // A batch would wait a minute: only the shutdown sends it.
+    tracing.schedule_delay = Duration::from_secs(60);
+    let mut settings = settings(tracing);
+    settings.shutdown_delay = Duration::ZERO;
+    let server = TestServer::start_with(settings).await;
+    server.domain("shop").hit("user=last").await;
+    assert!(collector.spans().is_empty());
+    server.stop().await.unwrap();
+    assert!(
+        collector.spans().iter().any(|s| s.name == SERVER_SPAN),
+        "{:?}",
+        collector.spans()
+    );
+}

@@ -27,6 +27,8 @@ pub(super) struct Running {
     pub(super) drain: CancellationToken,
     /// The trace exporter, flushed last.
     pub(super) tracing: Option<Arc<crate::traces::Tracing>>,
+    /// The statsd exporter and what stops it (after the drain, for a last flush).
+    pub(super) statsd: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
 impl Running {
@@ -50,6 +52,11 @@ impl Running {
         })
         .await;
         let _ = self.reloading.await;
+        if let Some((stop, task)) = self.statsd {
+            stop.cancel();
+            let last_flush = 2 * crate::metrics::statsd::IO_TIMEOUT;
+            let _ = tokio::time::timeout(last_flush, task).await;
+        }
         if let Some(tracing) = &self.tracing {
             tracing.shutdown().await;
         }
