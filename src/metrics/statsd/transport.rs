@@ -46,8 +46,11 @@ impl Transport {
             .await
             .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "timed out")));
         if let Err(error) = result {
-            if let Transport::Tcp { stream, .. } = self {
-                *stream = None;
+            // Connected again (and the name looked up again: the agent may have moved) at the
+            // next flush.
+            match self {
+                Transport::Tcp { stream, .. } => *stream = None,
+                Transport::Udp { socket, .. } => *socket = None,
             }
             dropped.inc_by(lines.len() as u64);
             static LOGGED: crate::logging::Every =
