@@ -60,6 +60,7 @@ fn settings(format: StatsdFormat, port: u16, tags: &[(&str, &str)]) -> Settings 
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
+        mogrifiers: Vec::new(),
         flush_interval: Duration::from_millis(100),
     });
     settings
@@ -322,4 +323,55 @@ async fn the_last_counts_are_flushed_at_shutdown() {
         async move { total(&lines, name) == 1 }
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_variables_give_mogrified_dogstatsd_stats() {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = socket.local_addr().unwrap().port().to_string();
+    let dir = config_dir("statsd-env", &[("shop.yaml", CONFIG)]);
+    let served = common::SluiceProcess::spawn_with_env(
+        &dir,
+        &[],
+        &[
+            ("USE_DOG_STATSD", "true"),
+            ("STATSD_HOST", "127.0.0.1"),
+            ("STATSD_PORT", &port),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "zone:eu-1"),
+            ("USE_DOG_STATSD_MOGRIFIERS", "HITS"),
+            (
+                "DOG_STATSD_MOGRIFIER_HITS_PATTERN",
+                r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$",
+            ),
+            (
+                "DOG_STATSD_MOGRIFIER_HITS_NAME",
+                "ratelimit.service.rate_limit.$3",
+            ),
+            ("DOG_STATSD_MOGRIFIER_HITS_TAGS", "domain:$1,descriptor:$2"),
+        ],
+    );
+    let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://{}", served.grpc))
+        .await
+        .unwrap();
+    common::should_rate_limit(
+        &mut client,
+        common::request("shop", common::descriptors("api_key=k-1")),
+    )
+    .await;
+    let wanted =
+        "ratelimit.service.rate_limit.total_hits:1|c|#zone:eu-1,domain:shop,descriptor:api_key";
+    let mut lines: Vec<String> = Vec::new();
+    while !lines.iter().any(|l| l == wanted) {
+        let mut packet = vec![0; 65536];
+        let n = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut packet))
+            .await
+            .unwrap_or_else(|_| panic!("no {wanted} within 10 s in {lines:?}"))
+            .unwrap();
+        lines.extend(
+            String::from_utf8_lossy(&packet[..n])
+                .lines()
+                .map(str::to_owned),
+        );
+    }
 }

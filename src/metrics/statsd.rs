@@ -34,6 +34,7 @@ use prometheus::Registry;
 use prometheus::proto::{MetricFamily, MetricType};
 
 use crate::settings::{StatsdFormat, StatsdSettings};
+use names::Mogrifiers;
 pub use names::sanitize;
 use transport::Transport;
 
@@ -89,6 +90,8 @@ pub struct Exporter {
     counters: HashMap<String, u64>,
     /// Cumulative bucket counts of the response time at the last flush.
     buckets: Vec<u64>,
+    /// DogStatsD's mogrifiers, compiled.
+    mogrifiers: Mogrifiers,
 }
 
 /// A sink that keeps the formatted lines, for the transport to send.
@@ -123,13 +126,23 @@ impl Exporter {
                 }
             }
         }
+        let mogrifiers = Mogrifiers::new(&settings.mogrifiers);
         Self {
             client: builder.build(),
             collected,
             name_tags,
             counters: HashMap::new(),
             buckets: Vec::new(),
+            mogrifiers,
         }
+    }
+
+    /// The name and tags a stat is sent with: the first mogrifier whose pattern matches
+    /// renames it and adds its tags, as the reference's DogStatsD sink does.
+    fn mogrify(&self, name: &str) -> (String, Vec<(String, String)>) {
+        self.mogrifiers
+            .apply(name)
+            .unwrap_or_else(|| (format!("{name}{}", self.name_tags), Vec::new()))
     }
 
     /// The lines of one flush: what changed since the last.
@@ -144,8 +157,12 @@ impl Exporter {
                 *total
             };
             if delta > 0 {
-                let name = format!("{name}{}", self.name_tags);
-                let _ = self.client.count_with_tags(&name, delta).try_send();
+                let (name, tags) = self.mogrify(name);
+                let mut line = self.client.count_with_tags(&name, delta);
+                for (k, v) in &tags {
+                    line = line.with_tag(k, v);
+                }
+                let _ = line.try_send();
             }
         }
         self.counters = totals;
@@ -158,10 +175,7 @@ impl Exporter {
 
     /// One timer sample per bucket that grew since the last flush.
     fn timer_samples(&self, bounds: &[f64], cumulative: &[u64]) {
-        let name = format!(
-            "ratelimit_server.ShouldRateLimit.response_time{}",
-            self.name_tags
-        );
+        let (name, tags) = self.mogrify("ratelimit_server.ShouldRateLimit.response_time");
         let mut lower = 0.0;
         let mut previous_total = (0, 0);
         for (i, &count) in cumulative.iter().enumerate() {
@@ -181,7 +195,10 @@ impl Exporter {
             if grew == 0 {
                 continue;
             }
-            let sample = self.client.time_with_tags(&name, middle_ms as u64);
+            let mut sample = self.client.time_with_tags(&name, middle_ms as u64);
+            for (k, v) in &tags {
+                sample = sample.with_tag(k, v);
+            }
             let sample = if grew > 1 {
                 sample.with_sampling_rate(1.0 / grew as f64)
             } else {
@@ -300,6 +317,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            mogrifiers: Vec::new(),
             flush_interval: Duration::from_secs(10),
         }
     }
@@ -330,6 +348,28 @@ mod tests {
         assert_eq!(
             exporter.lines(&registry.gather()),
             vec!["ratelimit.service.rate_limit.d.api_key.total_hits:2|c"]
+        );
+    }
+
+    #[test]
+    fn mogrifiers_rename_dogstatsd_stats_and_tag_them_with_their_groups() {
+        let (registry, _c) = registry_with_hits(2);
+        let mut dog = settings(StatsdFormat::DogStatsd, &[("zone", "eu")]);
+        dog.mogrifiers = vec![crate::settings::Mogrifier {
+            id: "HITS".into(),
+            pattern: r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$".into(),
+            name: "ratelimit.service.rate_limit.$3".into(),
+            tags: vec![
+                ("domain".into(), "$1".into()),
+                ("descriptor".into(), "$2$9".into()),
+            ],
+        }];
+        let mut exporter = Exporter::new(&dog);
+        assert_eq!(
+            exporter.lines(&registry.gather()),
+            vec![
+                "ratelimit.service.rate_limit.total_hits:2|c|#zone:eu,domain:d,descriptor:api_key$9"
+            ]
         );
     }
 

@@ -220,8 +220,24 @@ pub struct StatsdSettings {
     pub port: u16,
     /// `EXTRA_TAGS`, sorted by key.
     pub extra_tags: Vec<(String, String)>,
+    /// DogStatsD only: the reference's mogrifiers (`USE_DOG_STATSD_MOGRIFIERS`), in order.
+    pub mogrifiers: Vec<Mogrifier>,
     /// How often stats are sent.
     pub flush_interval: Duration,
+}
+
+/// A DogStatsD mogrifier: a stat whose name matches `pattern` is sent as `name` with `tags`,
+/// where `$1`, `$2`, ... are the pattern's groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mogrifier {
+    /// Its name in `USE_DOG_STATSD_MOGRIFIERS`.
+    pub id: String,
+    /// A regular expression (checked when the settings are read).
+    pub pattern: String,
+    /// The name sent.
+    pub name: String,
+    /// Tags sent, `key`, `value` with `$n` in either.
+    pub tags: Vec<(String, String)>,
 }
 
 /// The stats protocol.

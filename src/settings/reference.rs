@@ -69,7 +69,7 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("XDS_CLIENT_BACKOFF_JITTER", Read),
     ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Read),
     ("USE_DOG_STATSD", Read),
-    ("USE_DOG_STATSD_MOGRIFIERS", NAMED),
+    ("USE_DOG_STATSD_MOGRIFIERS", Read),
     ("USE_STATSD", Read),
     ("STATSD_HOST", Read),
     ("STATSD_PORT", Read),

@@ -290,13 +290,13 @@ fn the_audit_names_what_is_set_and_not_acted_on() {
         "{quiet:?}"
     );
     let loud = audit(env(&[
-        ("USE_DOG_STATSD_MOGRIFIERS", "TAGS"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
         ("MEMCACHE_HOST_PORT", "memcache:11211"),
         ("REDIS_SOCKET_TYPE", "tcp"),
     ]));
     assert_eq!(
         loud.unsupported,
-        ["USE_DOG_STATSD_MOGRIFIERS", "MEMCACHE_HOST_PORT"]
+        ["EXPIRATION_JITTER_MAX_SECONDS", "MEMCACHE_HOST_PORT"]
     );
     assert_eq!(loud.not_needed.len(), 1);
     assert_eq!(loud.not_needed[0].0, "REDIS_SOCKET_TYPE");

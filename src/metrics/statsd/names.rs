@@ -1,4 +1,6 @@
-//! Stats keys as the reference writes them.
+//! Stats names as the reference writes them, and DogStatsD's mogrifiers, which rewrite them.
+
+use crate::settings::Mogrifier;
 
 /// A stats key as the reference writes it: `:` and `|` (the protocol's separators) as `_`,
 /// and the dots of an IPv4 address as `_` (so that an address is one name component).
@@ -50,4 +52,64 @@ fn dotted_quad(bytes: &[u8]) -> Option<usize> {
         at += digits;
     }
     Some(at)
+}
+
+/// The mogrifiers of `USE_DOG_STATSD_MOGRIFIERS`, compiled, in order.
+pub(super) struct Mogrifiers(Vec<(regex::Regex, Mogrifier)>);
+
+impl Mogrifiers {
+    /// `mogrifiers` compiled (their patterns were checked with the settings; one that does not
+    /// compile is skipped and logged).
+    pub(super) fn new(mogrifiers: &[Mogrifier]) -> Self {
+        let compiled = mogrifiers
+            .iter()
+            .filter_map(|m| match regex::Regex::new(&m.pattern) {
+                Ok(re) => Some((re, m.clone())),
+                Err(error) => {
+                    tracing::warn!(mogrifier = %m.id, %error, "mogrifier skipped");
+                    None
+                }
+            })
+            .collect();
+        Self(compiled)
+    }
+
+    /// The name and tags of `name` by the first mogrifier whose pattern matches it, as the
+    /// reference's DogStatsD sink rewrites them.
+    pub(super) fn apply(&self, name: &str) -> Option<(String, Vec<(String, String)>)> {
+        self.0.iter().find_map(|(pattern, mogrifier)| {
+            let groups = pattern.captures(name)?;
+            let tags = mogrifier
+                .tags
+                .iter()
+                .map(|(k, v)| (expand(k, &groups), expand(v, &groups)))
+                .collect();
+            Some((expand(&mogrifier.name, &groups), tags))
+        })
+    }
+}
+
+/// `template` with `$1`, `$2`, ... replaced by the groups of a match (a `$n` past the last
+/// group stays as written).
+fn expand(template: &str, groups: &regex::Captures<'_>) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        let group = rest[at + 1..at + 1 + digits]
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| groups.get(n));
+        match group {
+            Some(g) => out.push_str(g.as_str()),
+            None => out.push_str(&rest[at..at + 1 + digits]),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
 }

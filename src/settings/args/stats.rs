@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::super::parse::parse_positive_duration;
 use super::named;
-use crate::settings::{SettingsError, StatsdFormat, StatsdSettings};
+use crate::settings::{Mogrifier, SettingsError, StatsdFormat, StatsdSettings};
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "statsd and DogStatsD")]
@@ -36,6 +36,10 @@ pub struct StatsArgs {
     #[arg(long, env = "STATS_FLUSH_INTERVAL", default_value = "10s", value_parser = parse_positive_duration)]
     stats_flush_interval: Duration,
 
+    /// DogStatsD mogrifiers, in order, each defined by DOG_STATSD_MOGRIFIER_<NAME>_PATTERN, _NAME and _TAGS
+    #[arg(long, env = "USE_DOG_STATSD_MOGRIFIERS", default_value = "")]
+    use_dog_statsd_mogrifiers: String,
+
     /// Send no stats (statsd, DogStatsD, the USE_PROMETHEUS listener); /metrics stays
     #[arg(long, env = "DISABLE_STATS")]
     pub disable_stats: bool,
@@ -44,6 +48,14 @@ pub struct StatsArgs {
 impl StatsArgs {
     /// The statsd sink, when one is asked for and stats are not disabled.
     pub(super) fn resolve(&self) -> Result<Option<StatsdSettings>, SettingsError> {
+        self.resolve_with(|name| std::env::var(name).ok())
+    }
+
+    /// [`StatsArgs::resolve`], reading the mogrifiers' variables through `env`.
+    fn resolve_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<StatsdSettings>, SettingsError> {
         let format = match (self.use_statsd, self.use_dog_statsd) {
             (true, true) => {
                 return Err(named(
@@ -70,14 +82,57 @@ impl StatsArgs {
             host: host.to_owned(),
             port: self.statsd_port,
             extra_tags: parse_tags(&self.extra_tags).map_err(|m| named(&["extra_tags"], m))?,
+            mogrifiers: match format {
+                StatsdFormat::DogStatsd => mogrifiers(&self.use_dog_statsd_mogrifiers, env)?,
+                StatsdFormat::Statsd => Vec::new(),
+            },
             flush_interval: self.stats_flush_interval,
         }))
     }
 }
 
-/// `k:v,k2:v2`, the reference's map form; sorted by key, as its stats library sorts them.
-fn parse_tags(text: &str) -> Result<Vec<(String, String)>, String> {
-    let mut tags = Vec::new();
+/// The mogrifiers `list` names, from their `DOG_STATSD_MOGRIFIER_<NAME>_*` variables; each
+/// missing or bad one is named.
+fn mogrifiers(
+    list: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<Mogrifier>, SettingsError> {
+    let mut out = Vec::new();
+    for id in list.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let var = |part: &str| format!("DOG_STATSD_MOGRIFIER_{id}_{part}");
+        let bad = |part: &str, message: String| SettingsError {
+            name: var(part),
+            message,
+        };
+        let pattern = env(&var("PATTERN"))
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| {
+                bad(
+                    "PATTERN",
+                    format!("not set: mogrifier {id} needs a pattern"),
+                )
+            })?;
+        regex::Regex::new(&pattern).map_err(|e| bad("PATTERN", format!("'{pattern}': {e}")))?;
+        let name = env(&var("NAME"))
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| bad("NAME", format!("not set: mogrifier {id} needs a name")))?;
+        let tags = match env(&var("TAGS")) {
+            Some(text) => parse_map(&text).map_err(|m| bad("TAGS", m))?,
+            None => Vec::new(),
+        };
+        out.push(Mogrifier {
+            id: id.to_owned(),
+            pattern,
+            name,
+            tags,
+        });
+    }
+    Ok(out)
+}
+
+/// `k:v,k2:v2`, in the order given (a tag's value may be `$1`).
+fn parse_map(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
     for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = pair
             .split_once(':')
@@ -86,8 +141,18 @@ fn parse_tags(text: &str) -> Result<Vec<(String, String)>, String> {
         if key.is_empty() || value.is_empty() {
             return Err(format!("'{pair}' has an empty key or value"));
         }
-        tags.retain(|(k, _): &(String, String)| k != key);
-        tags.push((key.to_owned(), value.to_owned()));
+        out.push((key.to_owned(), value.to_owned()));
+    }
+    Ok(out)
+}
+
+/// `k:v,k2:v2`, the reference's map form; sorted by key, as its stats library sorts them (the
+/// last of a repeated key wins).
+fn parse_tags(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut tags: Vec<(String, String)> = Vec::new();
+    for (key, value) in parse_map(text)? {
+        tags.retain(|(k, _)| *k != key);
+        tags.push((key, value));
     }
     tags.sort();
     Ok(tags)
@@ -104,5 +169,36 @@ mod tests {
             vec![("app".into(), "rl".into()), ("zone".into(), "a".into())]
         );
         assert!(parse_tags("app=rl").unwrap_err().contains("'app=rl'"));
+    }
+
+    #[test]
+    fn mogrifiers_come_from_their_variables_and_bad_ones_are_named() {
+        let env = |name: &str| {
+            let value = match name {
+                "DOG_STATSD_MOGRIFIER_HITS_PATTERN" => {
+                    r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$"
+                }
+                "DOG_STATSD_MOGRIFIER_HITS_NAME" => "ratelimit.service.rate_limit.$3",
+                "DOG_STATSD_MOGRIFIER_HITS_TAGS" => "domain:$1,descriptor:$2",
+                "DOG_STATSD_MOGRIFIER_BAD_PATTERN" => "(unclosed",
+                "DOG_STATSD_MOGRIFIER_BAD_NAME" => "x",
+                _ => return None,
+            };
+            Some(value.to_owned())
+        };
+        let hits = mogrifiers("HITS", env).unwrap();
+        assert_eq!(hits[0].name, "ratelimit.service.rate_limit.$3");
+        assert_eq!(
+            hits[0].tags,
+            vec![
+                ("domain".into(), "$1".into()),
+                ("descriptor".into(), "$2".into())
+            ]
+        );
+        let err = mogrifiers("HITS,BAD", env).unwrap_err();
+        assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_BAD_PATTERN");
+        let err = mogrifiers("NONE", env).unwrap_err();
+        assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_NONE_PATTERN");
+        assert!(err.message.contains("not set"));
     }
 }
