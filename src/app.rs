@@ -235,20 +235,7 @@ impl Prepared {
             health.await_first_config(xds.force_start);
         }
         let drain = CancellationToken::new();
-        let mut rls =
-            RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
-                .with_metrics(self.metrics.rls())
-                .with_health(health.clone());
-        let tracing = match &self.settings.tracing {
-            Some(settings) => Some(
-                crate::traces::Tracing::start(settings, self.metrics.registry())
-                    .map_err(AppError::Tracing)?,
-            ),
-            None => None,
-        };
-        if let Some(tracing) = &tracing {
-            rls = rls.with_tracing(tracing.clone());
-        }
+        let (rls, traces) = self.rls_service(&health)?;
         let local = |l: &TcpListener| l.local_addr().map_err(|e| AppError::Serve(e.to_string()));
         let (grpc_addr, http_addr) = (listeners.grpc.describe()?, local(&listeners.http)?);
         let (reporter, grpc) = self.grpc_server(listeners.grpc, rls.clone(), &drain)?;
@@ -278,15 +265,6 @@ impl Prepared {
         if let Some(listener) = listeners.metrics {
             self.spawn_prometheus(listener, &drain);
         }
-        // Stopped after the drain, so that its last flush has every request's counts.
-        let stats_stop = CancellationToken::new();
-        let statsd = self.settings.statsd.as_ref().map(|statsd| {
-            tokio::spawn(crate::metrics::statsd::run(
-                statsd.clone(),
-                self.metrics.registry().clone(),
-                stats_stop.clone().cancelled_owned(),
-            ))
-        });
         let running = Running {
             grpc: tokio::spawn(grpc),
             http: tokio::spawn(http),
@@ -294,8 +272,8 @@ impl Prepared {
             health,
             reporter,
             drain,
-            tracing,
-            statsd: statsd.map(|task| (stats_stop, task)),
+            tracing: traces,
+            statsd: self.spawn_statsd(),
         };
         running.health.set_serving(true);
         report_health(&running.reporter, &running.health).await;
@@ -312,6 +290,36 @@ impl Prepared {
         }
         tracing::info!(grpc = %grpc_addr, http = %http_addr, "serving");
         Ok(running)
+    }
+
+    /// The rate limit service answering from the limiter, traced when `TRACING_ENABLED` asks,
+    /// and the trace exporter.
+    fn rls_service(
+        &self,
+        health: &Arc<Health>,
+    ) -> Result<(RlsService, Option<Arc<crate::traces::Tracing>>), AppError> {
+        let rls = RlsService::with_options(self.limiter.clone(), self.settings.response.clone())
+            .with_metrics(self.metrics.rls())
+            .with_health(health.clone());
+        let Some(settings) = &self.settings.tracing else {
+            return Ok((rls, None));
+        };
+        let traces = crate::traces::Tracing::start(settings, self.metrics.registry())
+            .map_err(AppError::Tracing)?;
+        Ok((rls.with_tracing(traces.clone()), Some(traces)))
+    }
+
+    /// The statsd exporter (`USE_STATSD`, `USE_DOG_STATSD`) and what stops it: after the
+    /// drain, so that its last flush has every request's counts.
+    fn spawn_statsd(&self) -> Option<(CancellationToken, tokio::task::JoinHandle<()>)> {
+        let statsd = self.settings.statsd.clone()?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(crate::metrics::statsd::run(
+            statsd,
+            self.metrics.registry().clone(),
+            stop.clone().cancelled_owned(),
+        ));
+        Some((stop, task))
     }
 
     /// The gRPC server: health and the rate limit service behind the client-fault and

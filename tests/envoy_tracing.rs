@@ -7,12 +7,11 @@
 mod common;
 
 use std::net::TcpListener as StdListener;
-use std::time::Duration;
 
 use common::envoy::{self, Envoy};
 use common::otlp::Collector;
 use common::{TestServer, config_dir};
-use sluice::settings::{OtlpProtocol, Settings, TracingSettings};
+use sluice::settings::{OtlpProtocol, Settings};
 
 const CONFIG: &str = r#"
 domain: edge
@@ -166,37 +165,44 @@ static_resources:
 /// Sluice exporting to the receiver over OTLP/HTTP.
 async fn traced_sluice(collector: &Collector) -> TestServer {
     let mut settings = Settings::for_tests(config_dir("envoy-tracing", &[("edge.yaml", CONFIG)]));
-    settings.tracing = Some(TracingSettings {
-        protocol: OtlpProtocol::Http,
-        endpoint: format!("http://{}/v1/traces", collector.http),
-        headers: Vec::new(),
-        timeout: Duration::from_secs(2),
-        service_name: "ratelimit".into(),
-        service_namespace: String::new(),
-        service_instance_id: None,
-        sampling_rate: 1.0,
-        descriptor_values: false,
-        max_queue: 2048,
-        max_batch: 512,
-        schedule_delay: Duration::from_millis(50),
-    });
+    settings.tracing = Some(common::otlp::tracing_settings(
+        OtlpProtocol::Http,
+        format!("http://{}/v1/traces", collector.http),
+    ));
     TestServer::start_with(settings).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_request_through_envoy_is_one_trace_with_sluices_span_under_envoys_rate_limit_call() {
-    let collector = Collector::start().await;
-    let sluice = traced_sluice(&collector).await;
+/// A traced Sluice behind an Envoy tracing with `tracer`, both exporting to `collector`.
+struct Edge {
+    _sluice: TestServer,
+    _envoy: Envoy,
+    /// Envoy's front listener.
+    front: u16,
+}
+
+async fn traced_edge(collector: &Collector, tracer: &str) -> Edge {
+    let sluice = traced_sluice(collector).await;
     let (front, upstream, admin) = (free_port(), free_port(), free_port());
     let config = bootstrap(
         front,
         upstream,
         admin,
         sluice.grpc_addr.port(),
-        &collector,
-        opentelemetry_tracer(),
+        collector,
+        tracer,
     );
-    let _envoy = Envoy::start(&config, admin).await;
+    Edge {
+        _envoy: Envoy::start(&config, admin).await,
+        _sluice: sluice,
+        front,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_through_envoy_is_one_trace_with_sluices_span_under_envoys_rate_limit_call() {
+    let collector = Collector::start().await;
+    let edge = traced_edge(&collector, opentelemetry_tracer()).await;
+    let front = edge.front;
 
     let (status, _, _) = envoy::get(front, "/", &[("x-api-key", "secret-key-1")]).await;
     assert_eq!(status, 200);
@@ -246,17 +252,8 @@ async fn one_request_through_envoy_is_one_trace_with_sluices_span_under_envoys_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_envoys_zipkin_tracer_b3_headers_make_sluices_span_a_child_too() {
     let collector = Collector::start().await;
-    let sluice = traced_sluice(&collector).await;
-    let (front, upstream, admin) = (free_port(), free_port(), free_port());
-    let config = bootstrap(
-        front,
-        upstream,
-        admin,
-        sluice.grpc_addr.port(),
-        &collector,
-        zipkin_tracer(),
-    );
-    let _envoy = Envoy::start(&config, admin).await;
+    let edge = traced_edge(&collector, zipkin_tracer()).await;
+    let front = edge.front;
     // The client's own B3 trace, which Envoy continues and passes on in B3 headers.
     let trace = "6e0c63257de34c926f9efcd03927272e";
     let (status, _, _) = envoy::get(

@@ -24,20 +24,13 @@ const SERVER_SPAN: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRat
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
 
+/// The tests' settings, with a header, a namespace and an instance id.
 fn tracing(protocol: OtlpProtocol, endpoint: String) -> TracingSettings {
     TracingSettings {
-        protocol,
-        endpoint,
         headers: vec![("x-tenant".into(), "edge team".into())],
-        timeout: Duration::from_secs(2),
-        service_name: "ratelimit".into(),
         service_namespace: "gateway".into(),
         service_instance_id: Some("pod-7".into()),
-        sampling_rate: 1.0,
-        descriptor_values: false,
-        max_queue: 2048,
-        max_batch: 512,
-        schedule_delay: Duration::from_millis(50),
+        ..common::otlp::tracing_settings(protocol, endpoint)
     }
 }
 

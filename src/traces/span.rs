@@ -17,7 +17,7 @@
 //! `ratelimit.store.script_calls` and `ratelimit.store.requests_per_call` (requests sharing
 //! the largest script call).
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
@@ -187,5 +187,5 @@ fn system_time(instant: Instant) -> SystemTime {
     let ago = Instant::now().saturating_duration_since(instant);
     SystemTime::now()
         .checked_sub(ago)
-        .unwrap_or_else(|| SystemTime::now() - Duration::ZERO)
+        .unwrap_or_else(SystemTime::now)
 }

@@ -185,7 +185,7 @@ impl Collector {
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(service)
-                .serve_with_incoming(tokio_stream_of(grpc_listener)),
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener)),
         );
         let http_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = http_listener.local_addr().unwrap();
@@ -263,12 +263,24 @@ impl Collector {
     }
 }
 
-/// The accepted connections of `listener`, as tonic's server takes them.
-fn tokio_stream_of(
-    listener: tokio::net::TcpListener,
-) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    futures_util::stream::unfold(listener, |listener| async move {
-        let accepted = listener.accept().await.map(|(s, _)| s);
-        Some((accepted, listener))
-    })
+/// Sluice's trace settings for tests: export to `endpoint` by `protocol` at once (a 50 ms
+/// batch delay), as service `ratelimit`.
+pub fn tracing_settings(
+    protocol: sluice::settings::OtlpProtocol,
+    endpoint: String,
+) -> sluice::settings::TracingSettings {
+    sluice::settings::TracingSettings {
+        protocol,
+        endpoint,
+        headers: Vec::new(),
+        timeout: std::time::Duration::from_secs(2),
+        service_name: "ratelimit".into(),
+        service_namespace: String::new(),
+        service_instance_id: None,
+        sampling_rate: 1.0,
+        descriptor_values: false,
+        max_queue: 2048,
+        max_batch: 512,
+        schedule_delay: std::time::Duration::from_millis(50),
+    }
 }
