@@ -274,6 +274,7 @@ impl Prepared {
             drain,
             tracing: traces,
             statsd: self.spawn_statsd(),
+            store: self.limiter.store().clone(),
         };
         running.health.set_serving(true);
         report_health(&running.reporter, &running.health).await;

@@ -225,6 +225,7 @@ impl<S: Store> Decider for WithClock<S> {
             hits,
             role: Role::Enforce,
             failure_mode: FailureMode::Allow,
+            consistency: Default::default(),
         };
         let batch = Batch {
             ops: vec![op],
@@ -404,6 +405,7 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
                                 Role::Quota,
                             ][rng.below(5) as usize],
                             failure_mode: FailureMode::Allow,
+                            consistency: Default::default(),
                         }
                     })
                     .collect(),

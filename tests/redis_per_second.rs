@@ -33,6 +33,7 @@ fn op(name: &str, window: Micros, requests: u64, hits: i64, role: Role) -> Count
         hits,
         role,
         failure_mode: FailureMode::Allow,
+        consistency: Default::default(),
     }
 }
 

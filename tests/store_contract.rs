@@ -41,6 +41,7 @@ fn op(ns: &str, name: &str, requests: u64, hits: i64, role: Role) -> CounterOp {
         hits,
         role,
         failure_mode: FailureMode::Allow,
+        consistency: Default::default(),
     }
 }
 
@@ -281,6 +282,7 @@ async fn windows_end_on_unit_boundaries(store: &dyn Store, clock: &ManualClock) 
         hits: 1,
         role: Role::Enforce,
         failure_mode: FailureMode::Allow,
+        consistency: Default::default(),
     };
     let first = apply(store, vec![one()]).await;
     let reset = first.decisions[0].reset_after;

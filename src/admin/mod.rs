@@ -180,7 +180,35 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
         let _ = write!(out, ", {detail}");
     }
     out.push('\n');
+    if let Some(leases) = &store.leases {
+        write_leases(&mut out, leases);
+    }
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
+}
+
+/// The `# leases` lines of `/rlconfig`: this instance's blocks, the largest first.
+fn write_leases(out: &mut String, leases: &crate::store::lease::LeaseStatus) {
+    let _ = writeln!(
+        out,
+        "# leases: instance {} of {} taking leases, {} blocks holding {} units; {} leased, {} handed back in {} calls",
+        leases.instance,
+        leases.instances,
+        leases.blocks,
+        leases.outstanding,
+        leases.units_leased,
+        leases.units_returned,
+        leases.calls
+    );
+    for block in &leases.top {
+        let _ = writeln!(
+            out,
+            "# lease: {} ({}): {} units, ends in {} ms",
+            block.key,
+            block.algorithm.as_str(),
+            block.units,
+            block.ends_in.div_ceil(1000)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -203,3 +203,44 @@ pub fn applies_unconditionally(limit: &Limit, hits: i64) -> bool {
 fn can_ever_pass(limit: u64, hits: u64) -> bool {
     limit > 0 && hits <= limit
 }
+
+/// What an instance asks of a shared counter for a lease (see [`lease`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    /// The most units it would take: what it expects to use in one lease period.
+    pub want: u64,
+    /// The fewest units worth taking: the hits of the request waiting for them. Fewer left
+    /// than that, and nothing is taken.
+    pub need: u64,
+    /// Instances seen taking leases recently (at least 1): a block is at most the remaining
+    /// budget divided by twice this number, so that every instance finds some left.
+    pub instances: u64,
+}
+
+/// Takes a block of units from a counter at once: a charge of many hits, of at most what is
+/// left. Returns the units granted (0: refused, nothing charged) and the transition of
+/// charging them, whose decision is the counter's answer to `ask.need` hits.
+///
+/// The block is `min(want, max(need, ⌊left / (2·instances)⌋))`, where `left` is what the
+/// counter would still admit: near the limit blocks shrink to the request's own hits, so
+/// leasing decides exactly there. Concurrency counters are never leased (their releases must
+/// reach the shared count); asked anyway, a lease of one is an ordinary charge of `need`.
+pub fn lease(state: Option<&State>, limit: &Limit, now: Micros, ask: Ask) -> (u64, Transition) {
+    let need = ask.need.max(1);
+    let peek = decide(state, limit, now, 0).decision;
+    let left = if peek.allowed { peek.remaining } else { 0 };
+    if limit.algorithm == Algorithm::Concurrency || left < need {
+        let t = decide(state, limit, now, need as i64);
+        return (if t.decision.allowed { need } else { 0 }, t);
+    }
+    let share = left / (2 * ask.instances.max(1));
+    let block = ask.want.min(share).max(need).min(left);
+    let t = decide(state, limit, now, block as i64);
+    if t.decision.allowed || block == need {
+        return (if t.decision.allowed { block } else { 0 }, t);
+    }
+    // `remaining` is rounded down, so this is rare: a fractional estimate that a whole block
+    // just misses. The request's own hits decide then.
+    let t = decide(state, limit, now, need as i64);
+    (if t.decision.allowed { need } else { 0 }, t)
+}

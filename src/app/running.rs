@@ -15,6 +15,8 @@ use crate::settings::Settings;
 
 /// The gRPC health service name of envoyproxy/ratelimit.
 const REFERENCE_HEALTH_NAME: &str = "ratelimit";
+/// The longest wait at shutdown for leased units to go back.
+const HAND_BACK_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The servers and tasks of a started service.
 pub(super) struct Running {
@@ -29,6 +31,8 @@ pub(super) struct Running {
     pub(super) tracing: Option<Arc<crate::traces::Tracing>>,
     /// The statsd exporter and what stops it (after the drain, for a last flush).
     pub(super) statsd: Option<(CancellationToken, JoinHandle<()>)>,
+    /// The store: after the drain it hands back what it holds (leased units).
+    pub(super) store: Arc<dyn crate::store::Store>,
 }
 
 impl Running {
@@ -52,6 +56,9 @@ impl Running {
         })
         .await;
         let _ = self.reloading.await;
+        // Leased units back to the shared counters, bounded: at most the store's background
+        // limit per call, a few seconds in all.
+        let _ = tokio::time::timeout(HAND_BACK_LIMIT, self.store.shut_down()).await;
         if let Some((stop, task)) = self.statsd {
             stop.cancel();
             let last_flush = 2 * crate::metrics::statsd::IO_TIMEOUT;

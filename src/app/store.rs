@@ -6,7 +6,9 @@ use super::AppError;
 use crate::clock::{Clock, SystemClock};
 use crate::settings::{Backend, Settings};
 use crate::store::redis::RedisOptions;
-use crate::store::{MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Store};
+use crate::store::{
+    Leased, MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Store,
+};
 
 /// Where the stores take the time from.
 pub(super) enum Time {
@@ -17,7 +19,8 @@ pub(super) enum Time {
 }
 
 /// The store stack `settings` ask for: the memory store, or Redis behind its failure policy
-/// (two with `REDIS_PERSECOND`), behind the over-limit cache when it is on.
+/// (two with `REDIS_PERSECOND`), behind the leasing layer, behind the over-limit cache when
+/// it is on.
 pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn Store>, AppError> {
     let clock: Arc<dyn Clock> = match time {
         Time::System => Arc::new(SystemClock),
@@ -67,6 +70,10 @@ pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn St
                     Arc::new(PerSecondSplit::new(main, per_second))
                 }
             };
+            // Leased rules take blocks from the shared counters (the layer passes every
+            // other request through untouched).
+            let store: Arc<dyn Store> =
+                Arc::new(Leased::new(store, settings.lease.clone(), clock.clone()));
             if settings.local_cache_keys > 0 {
                 let cache = OverLimitCache::new(store, settings.local_cache_keys, clock);
                 // Answers that arrive after their deadline still teach the cache.

@@ -9,7 +9,7 @@ use std::collections::hash_map::Entry;
 use super::raw::{RawDescriptor, RawFile};
 use super::{ConfigError, LoadOptions};
 use crate::policy::{Children, Domain, KeyGroup, Level, Node, Pattern, Policy};
-use crate::store::FailureMode;
+use crate::store::{Consistency, FailureMode};
 
 /// Compiles parsed files, in order, into one policy.
 pub fn compile(
@@ -47,6 +47,7 @@ pub fn compile(
             errors: &mut errors,
             shared: Vec::new(),
             failure_mode: None,
+            consistency: None,
             levels: Vec::new(),
         };
         let file_mode = cx.failure_mode(raw.failure_mode.as_deref(), "failure_mode");
@@ -60,6 +61,20 @@ pub fn compile(
             domain.failure_mode = file_mode;
         }
         cx.failure_mode = domain.failure_mode;
+        let file_consistency = cx.consistency(raw.consistency.as_deref(), "consistency");
+        if file_consistency.is_some() {
+            if domain
+                .consistency
+                .is_some_and(|c| Some(c) != file_consistency)
+            {
+                cx.error(
+                    "consistency",
+                    format!("conflicting consistency for merged domain '{name}'"),
+                );
+            }
+            domain.consistency = file_consistency;
+        }
+        cx.consistency = domain.consistency;
         let descriptors = raw.descriptors.as_deref().unwrap_or_default();
         cx.level(&mut domain.children, descriptors, "descriptors", name);
     }
@@ -83,6 +98,8 @@ struct Cx<'a> {
     shared: Vec<Option<String>>,
     /// The failure mode in force at the current level (descriptor's, or the file's).
     failure_mode: Option<FailureMode>,
+    /// The consistency in force at the current level (descriptor's, or the file's).
+    consistency: Option<Consistency>,
     /// The levels down to the current one.
     levels: Vec<Level>,
 }
@@ -106,6 +123,21 @@ impl Cx<'_> {
             );
         }
         mode
+    }
+
+    /// Parses a `consistency` value, recording an error for a bad one.
+    fn consistency(&mut self, value: Option<&str>, path: &str) -> Option<Consistency> {
+        let value = value?;
+        let consistency = [Consistency::Exact, Consistency::Leased]
+            .into_iter()
+            .find(|c| c.as_str().eq_ignore_ascii_case(value));
+        if consistency.is_none() {
+            self.error(
+                path,
+                format!("invalid consistency '{value}' (expected exact or leased)"),
+            );
+        }
+        consistency
     }
 
     /// Compiles the descriptors of one level into `children`.
@@ -192,6 +224,12 @@ impl Cx<'_> {
         {
             self.failure_mode = Some(mode);
         }
+        let enclosing_consistency = self.consistency;
+        if let Some(consistency) =
+            self.consistency(raw.consistency.as_deref(), &format!("{path}.consistency"))
+        {
+            self.consistency = Some(consistency);
+        }
         self.levels.push(Level {
             key: raw.key.clone().unwrap_or_default(),
             value: value.map(str::to_owned),
@@ -216,6 +254,7 @@ impl Cx<'_> {
         self.shared.pop();
         self.levels.pop();
         self.failure_mode = enclosing_mode;
+        self.consistency = enclosing_consistency;
         node
     }
 }

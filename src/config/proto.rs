@@ -41,6 +41,7 @@ fn raw_file(config: &RateLimitConfig) -> Result<RawFile, String> {
         domain: Some(config.domain.clone()),
         descriptors: Some(descriptors(&config.descriptors, 1)?),
         failure_mode: None,
+        consistency: None,
     })
 }
 
@@ -65,6 +66,7 @@ fn descriptors(list: &[RateLimitDescriptor], depth: usize) -> Result<Vec<RawDesc
                 share_threshold: false,
                 metadata: d.metadata.as_ref().map(|s| struct_value(s, 0)),
                 failure_mode: None,
+                consistency: None,
                 priorities: None,
             })
         })

@@ -20,6 +20,9 @@ pub struct RawFile {
     /// What every rule of the domain answers while the store fails (Sluice extension).
     #[serde(default)]
     pub failure_mode: Option<String>,
+    /// `exact` or `leased` for every rule of the domain that can lease (Sluice extension).
+    #[serde(default)]
+    pub consistency: Option<String>,
 }
 
 /// One descriptor node.
@@ -62,6 +65,9 @@ pub struct RawDescriptor {
     /// What this rule (and the rules nested below) answers while the store fails.
     #[serde(default)]
     pub failure_mode: Option<String>,
+    /// `exact` or `leased`, for this rule and the rules nested below (Sluice extension).
+    #[serde(default)]
+    pub consistency: Option<String>,
     /// Priority load shedding: the share of the limit each value (class) may fill, on one
     /// counter shared by all classes (Sluice extension).
     #[serde(default)]
@@ -104,7 +110,13 @@ pub struct RawReplaces {
     pub name: Option<String>,
 }
 
-const FILE_KEYS: &[&str] = &["name", "domain", "descriptors", "failure_mode"];
+const FILE_KEYS: &[&str] = &[
+    "name",
+    "domain",
+    "descriptors",
+    "failure_mode",
+    "consistency",
+];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
@@ -118,6 +130,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "share_threshold",
     "metadata",
     "failure_mode",
+    "consistency",
     "priorities",
 ];
 const RATE_LIMIT_KEYS: &[&str] = &[

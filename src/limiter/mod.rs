@@ -21,7 +21,8 @@ pub use types::{
 use crate::algorithm::{Algorithm, Decision};
 use crate::policy::{Domain, EntryRef, MetaValue, Policy, RateLimit, Rule, RuleLimit, merge_into};
 use crate::store::{
-    Admission, Applied, Batch, CounterKey, CounterOp, FailureMode, Role, Store, StoreError,
+    Admission, Applied, Batch, Consistency, CounterKey, CounterOp, FailureMode, Role, Store,
+    StoreError,
 };
 
 /// `limit_remaining` reported for `unlimited` rules, as the reference service does.
@@ -37,6 +38,9 @@ pub struct LimiterOptions {
     /// What rules without a `failure_mode` (theirs or their domain's) answer while the store
     /// fails.
     pub failure_mode: FailureMode,
+    /// How rules without a `consistency` (theirs or their domain's) are counted with a
+    /// shared store (`CONSISTENCY`).
+    pub consistency: Consistency,
     /// Most descriptors one request may carry (`MAX_REQUEST_DESCRIPTORS`).
     pub max_descriptors: usize,
     /// Most entries one descriptor may carry (`MAX_DESCRIPTOR_ENTRIES`).
@@ -49,6 +53,7 @@ impl Default for LimiterOptions {
             shadow_mode: false,
             quota_mode: false,
             failure_mode: FailureMode::default(),
+            consistency: Consistency::default(),
             // Envoy sends a handful of descriptors of a few entries; these bound the work
             // of one request (every descriptor is matched and counted) far above that.
             max_descriptors: 64,
@@ -194,13 +199,19 @@ impl Limiter {
         // is never over, so "every quota descriptor is over" cannot happen (the reference
         // service's rule); quota operations then never reject, exactly like shadow ones.
         let domain_mode = domain.and_then(|d| d.failure_mode);
+        let domain_consistency = domain.and_then(|d| d.consistency);
         let quota_cannot_fail =
             self.options.quota_mode && plans.iter().any(|p| matches!(p, Plan::NoLimit));
         for (descriptor, plan) in request.descriptors.iter().zip(plans) {
             if let Plan::Counted { rule, limits } = plan {
                 for limit in limits.iter() {
-                    let mut op =
-                        self.counter_op(&request.domain, descriptor, *rule, limit, domain_mode);
+                    let mut op = self.counter_op(
+                        &request.domain,
+                        descriptor,
+                        *rule,
+                        limit,
+                        (domain_mode, domain_consistency),
+                    );
                     if quota_cannot_fail && op.role == Role::Quota {
                         op.role = Role::Shadow;
                     }
@@ -342,7 +353,7 @@ impl Limiter {
         descriptor: &Descriptor,
         rule: Option<&Rule>,
         limit: &RateLimit,
-        domain_mode: Option<FailureMode>,
+        (domain_mode, domain_consistency): (Option<FailureMode>, Option<Consistency>),
     ) -> CounterOp {
         let algorithm_limit = limit.algorithm_limit();
         // `share_threshold` levels count under their pattern, so all matching values share
@@ -381,6 +392,14 @@ impl Limiter {
                 .and_then(|r| r.failure_mode)
                 .or(domain_mode)
                 .unwrap_or(self.options.failure_mode),
+            // Concurrency releases must reach the shared count: never leased.
+            consistency: if algorithm_limit.algorithm == Algorithm::Concurrency {
+                Consistency::Exact
+            } else {
+                rule.and_then(|r| r.consistency)
+                    .or(domain_consistency)
+                    .unwrap_or(self.options.consistency)
+            },
         }
     }
 }

@@ -16,7 +16,7 @@ pub use pattern::Pattern;
 pub use unit::Unit;
 
 use crate::algorithm::{self, Algorithm};
-use crate::store::FailureMode;
+use crate::store::{Consistency, FailureMode};
 
 /// All loaded domains.
 #[derive(Debug, Default)]
@@ -30,6 +30,8 @@ pub struct Domain {
     pub(crate) children: Children,
     /// The file's `failure_mode`, for rules without their own and for request overrides.
     pub failure_mode: Option<FailureMode>,
+    /// The file's `consistency`, for rules without their own and for request overrides.
+    pub consistency: Option<Consistency>,
 }
 
 /// One level of a descriptor tree: the children of a node, grouped by entry key.
@@ -83,6 +85,9 @@ pub struct Rule {
     /// What to answer while the store fails: the rule's own (or an enclosing descriptor's)
     /// `failure_mode`, else the domain's; `None` for the process default.
     pub failure_mode: Option<FailureMode>,
+    /// `exact` or `leased`: the rule's own (or an enclosing descriptor's) `consistency`, else
+    /// the domain's; `None` for the process default. Concurrency limits are always exact.
+    pub consistency: Option<Consistency>,
     /// Priority load shedding: one counter for every value of the last entry, which names
     /// the priority class.
     pub priorities: Option<Priorities>,
@@ -259,6 +264,11 @@ impl Policy {
                 }
                 if let Some(mode) = rule.failure_mode {
                     let _ = write!(out, ", failure_mode: {}", mode.as_str());
+                }
+                if let Some(consistency) = rule.consistency
+                    && limit.algorithm != crate::algorithm::Algorithm::Concurrency
+                {
+                    let _ = write!(out, ", consistency: {}", consistency.as_str());
                 }
                 out.push('\n');
             }

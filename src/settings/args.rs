@@ -6,6 +6,7 @@
 //! of one shape ([`switch`]).
 
 mod failure;
+mod lease;
 mod listen;
 mod requests;
 mod response;
@@ -37,6 +38,8 @@ pub struct ServeArgs {
     store: store::StoreArgs,
     #[command(flatten)]
     failure: failure::FailureArgs,
+    #[command(flatten)]
+    lease: lease::LeaseArgs,
     #[command(flatten)]
     requests: requests::RequestArgs,
     #[command(flatten)]
@@ -79,7 +82,10 @@ impl ServeArgs {
             redis_per_second: stores.redis_per_second,
             resilience: self.failure.resilience(),
             local_cache_keys: stores.local_cache_keys,
-            limiter: self.requests.limiter(self.failure.failure_mode),
+            limiter: self
+                .requests
+                .limiter(self.failure.failure_mode, self.lease.consistency),
+            lease: self.lease.options(),
             response: self.response.options(),
             merge_domains: self.source.merge_domain_config,
             require_config: self.source.healthy_with_at_least_one_config_loaded,

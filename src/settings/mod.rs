@@ -68,6 +68,8 @@ pub struct Settings {
     pub resilience: ResilienceOptions,
     /// Entries of the local over-limit cache (0: off).
     pub local_cache_keys: usize,
+    /// Leased quota: the block lifetime and this instance's name.
+    pub lease: crate::store::lease::LeaseOptions,
     /// Response headers and body.
     pub response: ResponseOptions,
     /// Global shadow and quota mode.
@@ -322,6 +324,7 @@ impl Settings {
             redis_per_second: None,
             resilience: ResilienceOptions::default(),
             local_cache_keys: 0,
+            lease: Default::default(),
             response: ResponseOptions::default(),
             limiter: LimiterOptions::default(),
             merge_domains: false,

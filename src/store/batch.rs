@@ -27,6 +27,29 @@ pub struct CounterOp {
     pub role: Role,
     /// What to answer for this counter when the store fails.
     pub failure_mode: FailureMode,
+    /// Whether a shared store decides each hit, or this instance from a leased block.
+    pub consistency: Consistency,
+}
+
+/// How a rule's counter is decided with a shared store (`consistency:` in the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Consistency {
+    /// Every hit is decided by the shared store (the default).
+    #[default]
+    Exact,
+    /// The instance takes blocks of units from the shared counter and admits from them in
+    /// memory: never more than the limit, a bounded few less (see the README).
+    Leased,
+}
+
+impl Consistency {
+    /// The name used in config files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Consistency::Exact => "exact",
+            Consistency::Leased => "leased",
+        }
+    }
 }
 
 /// What a rule answers while its store is failing (`failure_mode:` in the config).

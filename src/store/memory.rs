@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{Applied, Batch, BoxFuture, Store, StoreError, StoreStatus, admitted};
+use super::{
+    Applied, Batch, BoxFuture, Grant, LeaseAsk, Store, StoreError, StoreStatus, Take, admitted,
+};
 use crate::algorithm::{
     self, Algorithm, Micros, SECOND, State, Transition, concurrency, fixed_window, sliding_window,
     token_bucket,
@@ -49,6 +51,8 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 const FULL_SHARD: u64 = 16_384 * 7 / 8;
 /// Eviction warnings are logged at most this often.
 const WARN_INTERVAL: Micros = 60 * SECOND;
+/// Instances the lease model remembers at most (names are the callers' own).
+const MAX_INSTANCES: usize = 4096;
 
 /// Heap bytes a counter of the cap may take at most: a 48-byte entry and its share of the
 /// index (at worst two buckets of 25 bytes each × 8/7, for a shard just past a doubling of
@@ -86,6 +90,9 @@ struct Shared {
     evicted: AtomicU64,
     last_evicted: AtomicU64,
     last_warned: AtomicU64,
+    /// Instances that took leases, with when they last said so (the model of a shared store
+    /// that tests run several leasing instances over).
+    instances: Mutex<HashMap<String, Micros>>,
 }
 
 struct Shard {
@@ -148,6 +155,7 @@ impl MemoryStore {
             evicted: AtomicU64::new(0),
             last_evicted: AtomicU64::new(0),
             last_warned: AtomicU64::new(0),
+            instances: Mutex::default(),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(sweep(Arc::downgrade(&shared)));
@@ -315,9 +323,63 @@ impl Pending {
     }
 }
 
+impl MemoryStore {
+    /// Each ask on its own, under its counter's shard lock: a lease charges what
+    /// [`algorithm::lease`] grants, a hand-back is a refund within the lease's window.
+    fn lease_now(&self, asks: &[LeaseAsk]) -> Vec<Grant> {
+        let shared = &*self.shared;
+        let now = shared.clock.now();
+        asks.iter()
+            .map(|ask| {
+                let digest = shared.digester.digest(&ask.key);
+                let mut shard = shared.shards[shared.shard_index(&digest)].lock();
+                let current = shard.get(&digest, ask.limit.algorithm, now);
+                let (units, t, hits) = match ask.take {
+                    Take::Lease(want) => {
+                        let (units, t) = algorithm::lease(current.as_ref(), &ask.limit, now, want);
+                        (units, t, units as i64)
+                    }
+                    Take::GiveBack { .. } => {
+                        let hits = ask.give_back_hits(now);
+                        let t = algorithm::decide(current.as_ref(), &ask.limit, now, hits);
+                        (0, t, hits)
+                    }
+                };
+                if hits != 0 {
+                    shared.store(&mut shard, digest, t, hits, now);
+                }
+                Grant {
+                    units,
+                    decision: t.decision,
+                    now,
+                }
+            })
+            .collect()
+    }
+}
+
 impl Store for MemoryStore {
     fn apply<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<Applied, StoreError>> {
         Box::pin(std::future::ready(Ok(self.apply_now(batch))))
+    }
+
+    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.lease_now(asks))))
+    }
+
+    fn instances<'a>(
+        &'a self,
+        instance: &'a str,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let now = self.shared.clock.now();
+        let mut seen = self.shared.instances.lock();
+        let within = within.as_micros() as Micros;
+        seen.retain(|_, at| now.saturating_sub(*at) < within);
+        if seen.len() < MAX_INSTANCES || seen.contains_key(instance) {
+            seen.insert(instance.to_owned(), now);
+        }
+        Box::pin(std::future::ready(Ok(seen.len().max(1) as u64)))
     }
 
     fn status(&self) -> StoreStatus {
@@ -334,6 +396,7 @@ impl Store for MemoryStore {
             healthy: true,
             detail: None,
             failure_mode_answers: [0; 3],
+            leases: None,
         }
     }
 }

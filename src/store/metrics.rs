@@ -22,6 +22,20 @@ pub struct StoreMetrics {
     /// The failure-mode answers already counted, by mode: the store counts totals.
     failure_mode_seen: Mutex<[u64; 3]>,
     memory: MemoryGauges,
+    leases: LeaseMetrics,
+}
+
+/// Leased quota: the blocks in hand and the calls and units that moved.
+struct LeaseMetrics {
+    outstanding: IntGauge,
+    blocks: IntGauge,
+    instances: IntGauge,
+    calls: IntCounter,
+    leases: IntCounterVec,
+    units: IntCounterVec,
+    decisions: IntCounterVec,
+    /// The totals already counted: calls, granted, refused, leased, returned, block, exact.
+    seen: Mutex<[u64; 7]>,
 }
 
 /// The memory store's size.
@@ -60,6 +74,7 @@ impl StoreMetrics {
             ),
             failure_mode_seen: Mutex::default(),
             memory: MemoryGauges::register(registry),
+            leases: LeaseMetrics::register(registry),
         }
     }
 
@@ -75,6 +90,9 @@ impl StoreMetrics {
     pub fn observe(&self, store: &StoreStatus) {
         self.healthy.set(i64::from(store.healthy));
         self.memory.observe(store);
+        if let Some(leases) = &store.leases {
+            self.leases.observe(leases);
+        }
         let mut seen = self.failure_mode_seen.lock();
         for (i, mode) in FAILURE_MODES.iter().enumerate() {
             let now = store.failure_mode_answers[i];
@@ -121,5 +139,82 @@ impl MemoryGauges {
             self.bytes.set(bytes as i64);
         }
         self.full.set(i64::from(store.full));
+    }
+}
+
+impl LeaseMetrics {
+    fn register(registry: &Registry) -> Self {
+        Self {
+            outstanding: gauge(
+                registry,
+                "sluice_lease_units_outstanding",
+                "Units this instance holds in leased blocks, not admitted yet",
+            ),
+            blocks: gauge(
+                registry,
+                "sluice_lease_blocks",
+                "Counters this instance holds a leased block for",
+            ),
+            instances: gauge(
+                registry,
+                "sluice_lease_instances",
+                "Instances taking leases recently, this one included (blocks are shared among them)",
+            ),
+            calls: counter(
+                registry,
+                "sluice_lease_calls_total",
+                "Lease calls to the shared store (leases and hand-backs)",
+            ),
+            leases: counter_vec(
+                registry,
+                "sluice_leases_total",
+                "Leases asked of the shared store, by result (granted, refused: nothing left)",
+                &["result"],
+            ),
+            units: counter_vec(
+                registry,
+                "sluice_lease_units_total",
+                "Units taken from shared counters (leased) and handed back (returned)",
+                &["direction"],
+            ),
+            decisions: counter_vec(
+                registry,
+                "sluice_lease_decisions_total",
+                "Leased counters decided from a block (block) or by the shared store (exact: the lease failed, the table was full, or the wait was too long)",
+                &["by"],
+            ),
+            seen: Mutex::default(),
+        }
+    }
+
+    fn observe(&self, leases: &super::lease::LeaseStatus) {
+        self.outstanding.set(leases.outstanding as i64);
+        self.blocks.set(leases.blocks as i64);
+        self.instances.set(leases.instances as i64);
+        let now = [
+            leases.calls,
+            leases.leases,
+            leases.refused,
+            leases.units_leased,
+            leases.units_returned,
+            leases.local_decisions,
+            leases.exact_decisions,
+        ];
+        let mut seen = self.seen.lock();
+        let delta = |i: usize| now[i].saturating_sub(seen[i]);
+        self.calls.inc_by(delta(0));
+        self.leases.with_label_values(&["granted"]).inc_by(delta(1));
+        self.leases.with_label_values(&["refused"]).inc_by(delta(2));
+        self.units.with_label_values(&["leased"]).inc_by(delta(3));
+        self.units.with_label_values(&["returned"]).inc_by(delta(4));
+        self.decisions
+            .with_label_values(&["block"])
+            .inc_by(delta(5));
+        self.decisions
+            .with_label_values(&["exact"])
+            .inc_by(delta(6));
+        for (s, n) in seen.iter_mut().zip(now) {
+            *s = n.max(*s);
+        }
     }
 }

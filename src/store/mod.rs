@@ -7,10 +7,12 @@
 //! - [`resilient`]: deadline, circuit breaker and `failure_mode` around a shared store.
 //! - [`overlimit`]: answers keys known to be over the limit without a store round trip.
 //! - [`split`]: per-second counters on a Redis of their own (`REDIS_PERSECOND`).
+//! - [`lease`]: leased quota: blocks of units taken from a shared counter, admitted in memory.
 
 mod batch;
 mod digest;
 mod key;
+pub mod lease;
 pub mod memory;
 mod metrics;
 pub mod overlimit;
@@ -21,9 +23,12 @@ pub mod split;
 use std::future::Future;
 use std::pin::Pin;
 
-pub use batch::{Admission, Applied, Batch, Calls, CounterOp, FailureMode, Role, admitted};
+pub use batch::{
+    Admission, Applied, Batch, Calls, Consistency, CounterOp, FailureMode, Role, admitted,
+};
 pub use key::CounterKey;
 pub(crate) use key::push_sha256_hex;
+pub use lease::{Grant, LeaseAsk, Leased, Take};
 pub use memory::MemoryStore;
 pub use metrics::StoreMetrics;
 pub use overlimit::OverLimitCache;
@@ -43,9 +48,36 @@ pub trait Store: Send + Sync + 'static {
     /// A snapshot for `/rlconfig`, logs and metrics.
     fn status(&self) -> StoreStatus;
 
+    /// Takes (or hands back) blocks of units, one per ask, each on its own: a lease is a
+    /// charge of at most what is left ([`crate::algorithm::lease`]). Only shared stores
+    /// lease; the others answer an error.
+    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
+        let _ = asks;
+        Box::pin(std::future::ready(Err(StoreError::Internal(
+            "this store does not lease".into(),
+        ))))
+    }
+
+    /// Records that `instance` takes leases now and answers how many instances did within
+    /// `within` (at least 1): blocks are shared among them.
+    fn instances<'a>(
+        &'a self,
+        instance: &'a str,
+        within: std::time::Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = (instance, within);
+        Box::pin(std::future::ready(Ok(1)))
+    }
+
     /// Checks that the store answers, without counting anything (the circuit breaker's probe).
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Gives back what this instance holds of shared counters (leased units), after the
+    /// drain: nothing is lost to a rolling restart.
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
     }
 
     /// Prepares what the first requests would otherwise wait for (connections, scripts), so
@@ -77,6 +109,8 @@ pub struct StoreStatus {
     pub detail: Option<String>,
     /// Counters answered by the failure policy so far: allow, deny, local.
     pub failure_mode_answers: [u64; 3],
+    /// Leased quota, where the store leases.
+    pub leases: Option<lease::LeaseStatus>,
 }
 
 /// A store call that failed.

@@ -326,4 +326,23 @@ impl Store for OverLimitCache {
     fn status(&self) -> StoreStatus {
         self.inner.status()
     }
+
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        self.inner.shut_down()
+    }
+
+    fn lease<'a>(
+        &'a self,
+        asks: &'a [super::LeaseAsk],
+    ) -> BoxFuture<'a, Result<Vec<super::Grant>, StoreError>> {
+        self.inner.lease(asks)
+    }
+
+    fn instances<'a>(
+        &'a self,
+        instance: &'a str,
+        within: std::time::Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.instances(instance, within)
+    }
 }

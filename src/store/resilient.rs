@@ -23,8 +23,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::{
-    Applied, Batch, BoxFuture, CounterOp, FailureMode, MemoryStore, Store, StoreError, StoreStatus,
-    admitted,
+    Applied, Batch, BoxFuture, CounterOp, FailureMode, Grant, LeaseAsk, MemoryStore, Store,
+    StoreError, StoreStatus, Take, admitted,
 };
 use crate::algorithm::{Decision, Limit, Micros, SECOND};
 use crate::clock::Clock;
@@ -253,6 +253,56 @@ impl Resilient {
 impl Store for Resilient {
     fn apply<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<Applied, StoreError>> {
         Box::pin(self.apply_batch(batch))
+    }
+
+    /// Leases within the deadline, counted by the breaker like any call; while the breaker
+    /// is open, an error at once (the leasing layer answers by the failure mode then).
+    /// Hand-backs get the background limit: nobody waits for them.
+    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            if shared.breaker.is_open() {
+                return Err(StoreError::Unavailable("circuit breaker open".into()));
+            }
+            let background = asks.iter().all(|a| matches!(a.take, Take::GiveBack { .. }));
+            let deadline = if background {
+                self.options.background_limit()
+            } else {
+                self.options.deadline
+            };
+            let error = match tokio::time::timeout(deadline, shared.primary.lease(asks)).await {
+                Ok(Ok(grants)) => {
+                    shared.breaker.succeeded();
+                    return Ok(grants);
+                }
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    StoreError::Unavailable(format!("no lease within the {deadline:?} deadline"))
+                }
+            };
+            Shared::failed(shared, &error);
+            Err(error)
+        })
+    }
+
+    fn instances<'a>(
+        &'a self,
+        instance: &'a str,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            match tokio::time::timeout(
+                self.options.background_limit(),
+                self.shared.primary.instances(instance, within),
+            )
+            .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Unavailable(
+                    "no answer counting instances".into(),
+                )),
+            }
+        })
     }
 
     fn warm_up(&self) -> BoxFuture<'_, ()> {

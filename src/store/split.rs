@@ -13,7 +13,8 @@ use futures_util::future::join_all;
 use std::sync::Arc;
 
 use super::{
-    Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus, admitted,
+    Admission, Applied, Batch, BoxFuture, CounterOp, Grant, LeaseAsk, Role, Store, StoreError,
+    StoreStatus, admitted,
 };
 use crate::algorithm::{Decision, SECOND};
 use crate::logging::Every;
@@ -186,7 +187,53 @@ impl Store for PerSecondSplit {
                 detail(&fast)
             )),
             failure_mode_answers: answers,
+            leases: None,
         }
+    }
+
+    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
+        Box::pin(async move {
+            // Each ask to the store its counter lives in, both halves at once.
+            let (fast, slow): (Vec<usize>, Vec<usize>) =
+                (0..asks.len()).partition(|&i| asks[i].limit.window == SECOND);
+            let pick = |indices: &[usize]| indices.iter().map(|&i| asks[i].clone()).collect();
+            let (fast_asks, slow_asks): (Vec<LeaseAsk>, Vec<LeaseAsk>) = (pick(&fast), pick(&slow));
+            let (fast_grants, slow_grants) = futures_util::future::join(
+                async {
+                    if fast_asks.is_empty() {
+                        Ok(Vec::new())
+                    } else {
+                        self.per_second.lease(&fast_asks).await
+                    }
+                },
+                async {
+                    if slow_asks.is_empty() {
+                        Ok(Vec::new())
+                    } else {
+                        self.main.lease(&slow_asks).await
+                    }
+                },
+            )
+            .await;
+            let mut grants: Vec<Option<Grant>> = vec![None; asks.len()];
+            for (indices, part) in [(fast, fast_grants?), (slow, slow_grants?)] {
+                for (i, grant) in indices.into_iter().zip(part) {
+                    grants[i] = Some(grant);
+                }
+            }
+            grants
+                .into_iter()
+                .collect::<Option<Vec<Grant>>>()
+                .ok_or_else(|| StoreError::Internal("a lease got no answer".into()))
+        })
+    }
+
+    fn instances<'a>(
+        &'a self,
+        instance: &'a str,
+        within: std::time::Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.main.instances(instance, within)
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {

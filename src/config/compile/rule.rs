@@ -48,6 +48,7 @@ impl Cx<'_> {
             .iter()
             .find_map(|(_, raw)| raw.name.clone().filter(|n| !n.is_empty()));
         let priorities = self.priorities(descriptor, path, unlimited);
+        self.check_leased(descriptor, path, &limits);
         (self.errors.len() == errors_before).then(|| Rule {
             stats_key: stats_key.to_owned(),
             limit: if unlimited {
@@ -63,6 +64,7 @@ impl Cx<'_> {
             value_to_metric: self.levels.iter().any(|l| l.value_to_metric),
             shared: self.shared.clone(),
             failure_mode: self.failure_mode,
+            consistency: self.consistency,
             priorities,
             metadata: match descriptor.metadata.as_ref().map(MetaValue::from_yaml) {
                 Some(MetaValue::Map(map)) if !map.is_empty() => Some(map),
@@ -111,6 +113,22 @@ impl Cx<'_> {
                         .collect(),
                 )
             }
+        }
+    }
+
+    /// A descriptor's own `consistency: leased` with a concurrency limit is an error: its
+    /// releases must reach the shared count. (Inherited from above, it leaves such a rule
+    /// exact.)
+    fn check_leased(&mut self, descriptor: &RawDescriptor, path: &str, limits: &[RateLimit]) {
+        let own_leased = descriptor
+            .consistency
+            .as_deref()
+            .is_some_and(|c| c.eq_ignore_ascii_case("leased"));
+        if own_leased && limits.iter().any(|l| l.algorithm == Algorithm::Concurrency) {
+            self.error(
+                &format!("{path}.consistency"),
+                "consistency: leased is not available with algorithm concurrency (its releases must reach the shared count); use exact",
+            );
         }
     }
 

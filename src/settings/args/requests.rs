@@ -7,7 +7,7 @@ use clap::Args;
 use super::super::parse::parse_count;
 
 use crate::limiter::LimiterOptions;
-use crate::store::FailureMode;
+use crate::store::{Consistency, FailureMode};
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Requests")]
@@ -30,12 +30,18 @@ pub struct RequestArgs {
 }
 
 impl RequestArgs {
-    /// The limiter's options; `failure_mode` is the failure policy's default.
-    pub(super) fn limiter(&self, failure_mode: FailureMode) -> LimiterOptions {
+    /// The limiter's options; `failure_mode` is the failure policy's default, `consistency`
+    /// the leasing one's.
+    pub(super) fn limiter(
+        &self,
+        failure_mode: FailureMode,
+        consistency: Consistency,
+    ) -> LimiterOptions {
         LimiterOptions {
             shadow_mode: self.shadow_mode,
             quota_mode: self.quota_mode,
             failure_mode,
+            consistency,
             max_descriptors: self.max_request_descriptors.get(),
             max_entries: self.max_descriptor_entries.get(),
         }

@@ -25,6 +25,7 @@ fn op(name: &str, hits: i64) -> CounterOp {
         hits,
         role: Role::Enforce,
         failure_mode: FailureMode::Allow,
+        consistency: Default::default(),
     }
 }
 
@@ -120,6 +121,7 @@ async fn concurrent_requests_never_admit_more_than_the_limit() {
                         hits: 1,
                         role: Role::Enforce,
                         failure_mode: FailureMode::Allow,
+                        consistency: Default::default(),
                     }],
                     admission: Admission::ByRule,
                     deadline: None,
@@ -178,6 +180,7 @@ fn counts_beyond_32_bits_saturate_and_stay_over_any_limit() {
         hits,
         role: Role::Enforce,
         failure_mode: FailureMode::Allow,
+        consistency: Default::default(),
     };
     // Acquisitions count whatever the decision (their releases will come).
     apply(&store, vec![acquire(i64::from(u32::MAX) + 10)]);
@@ -201,6 +204,7 @@ fn a_lost_release_frees_its_slot_after_the_safety_ttl() {
         hits: 1,
         role: Role::Enforce,
         failure_mode: FailureMode::Allow,
+        consistency: Default::default(),
     };
     assert!(apply(&store, vec![acquire.clone()]).admitted);
     // The release never comes (a proxy crashed): the slot stays taken...
@@ -232,6 +236,7 @@ fn a_flood_of_one_hit_keys_cannot_reset_counters_in_use() {
         hits: 1,
         role: Role::Enforce,
         failure_mode: FailureMode::Allow,
+        consistency: Default::default(),
     };
     let flood = |i: u64| CounterOp {
         key: CounterKey::new("d", [("ip", format!("flood-{i}").as_str())], &PER_HOUR_10),
@@ -239,6 +244,7 @@ fn a_flood_of_one_hit_keys_cannot_reset_counters_in_use() {
         hits: 1,
         role: Role::Enforce,
         failure_mode: FailureMode::Allow,
+        consistency: Default::default(),
     };
     let mut admitted = [0u32; 10];
     let mut next = 0;

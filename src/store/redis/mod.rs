@@ -12,6 +12,7 @@
 
 mod coalesce;
 mod connect;
+mod lease;
 mod slot;
 
 use futures_util::future::join_all;
@@ -376,8 +377,8 @@ impl Shared {
         let cmd = command(parts, now);
         let (index, conn) = self.connector.get().await?;
         let result = match conn {
-            ConnHandle::Node(mut c) => query(&cmd, &mut c).await,
-            ConnHandle::Cluster(mut c) => query(&cmd, &mut c).await,
+            ConnHandle::Node(mut c) => query(&COUNTERS, &cmd, &mut c).await,
+            ConnHandle::Cluster(mut c) => query(&COUNTERS, &cmd, &mut c).await,
         };
         result.map_err(|e| {
             let error = StoreError::from(e);
@@ -411,13 +412,14 @@ fn command(parts: &[&Part], now: Micros) -> Cmd {
     cmd
 }
 
-async fn query(
+async fn query<T: redis::FromRedisValue>(
+    script: &Script,
     cmd: &Cmd,
     conn: &mut impl redis::aio::ConnectionLike,
-) -> redis::RedisResult<Vec<i64>> {
+) -> redis::RedisResult<T> {
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            COUNTERS.prepare_invoke().load_async(conn).await?;
+            script.prepare_invoke().load_async(conn).await?;
             cmd.query_async(conn).await
         }
         result => result,
@@ -508,6 +510,21 @@ impl Store for RedisStore {
         Box::pin(self.apply_batch(batch))
     }
 
+    fn lease<'a>(
+        &'a self,
+        asks: &'a [super::LeaseAsk],
+    ) -> BoxFuture<'a, Result<Vec<super::Grant>, StoreError>> {
+        Box::pin(self.lease_asks(asks))
+    }
+
+    fn instances<'a>(
+        &'a self,
+        instance: &'a str,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.count_instances(instance, within))
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         // The script with no counters: Redis answers it only when it runs scripts at all
         // (not paused, not BUSY, not LOADING), and it loads the script if it must.
@@ -555,6 +572,7 @@ impl Store for RedisStore {
             healthy: true,
             detail: None,
             failure_mode_answers: [0; 3],
+            leases: None,
         }
     }
 }

@@ -1,0 +1,706 @@
+// Why one long file: a request's leased decisions, the lease calls they share, the rest of the
+// request through the shared store and the background hand-backs all move the same units.
+//! Leased quota (`consistency: leased`): this instance takes blocks of units from a shared
+//! counter in one atomic call ([`crate::algorithm::lease`]: never more than what is left),
+//! admits from its block in memory, and takes the next block when it runs out. Every unit
+//! it admits was taken from the shared counter first, so the fleet never admits more than
+//! the limit, whatever the number of instances and the concurrency.
+//!
+//! - Blocks are sized from the instance's recent rate (what it would admit in one lease
+//!   period) and its share of what is left (at most the remaining budget divided by twice the
+//!   number of instances taking leases recently); near the limit they shrink to the
+//!   request's own hits, which is then exact.
+//! - A block lives one lease period at most, and a windowed block no longer than its window:
+//!   units not admitted by then go back to the shared counter (also at shutdown), or die
+//!   with their window.
+//! - Requests that need units while a lease is in flight wait for it rather than ask again;
+//!   one request's leases go in one call.
+//! - A refused request's reserved units go back to the block, not to the store; refunds
+//!   (`is_negative_hits`) give back to the block at most what it admitted, the rest to the
+//!   store.
+//! - While the store fails, the units in hand are still admitted; then the rule's
+//!   `failure_mode` answers (the request goes to the shared store as an exact one, behind
+//!   its failure policy).
+//!
+//! Concurrency counters are never leased (their releases must reach the shared count), and
+//! neither is a request the over-limit cache reads without charging.
+
+mod ask;
+mod block;
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+
+pub use ask::{Grant, LeaseAsk, LeaseOptions, Take};
+use block::{Block, Outcome};
+
+use super::digest::{Digest, DigestHasher, Digester};
+use super::{
+    Admission, Applied, Batch, BoxFuture, Calls, Consistency, CounterOp, Role, Store, StoreError,
+    StoreStatus,
+};
+use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::clock::Clock;
+
+const SHARDS: usize = 16;
+/// Rounds of waiting for other requests' leases before a request is decided exactly.
+const MAX_ROUNDS: usize = 4;
+/// The longest wait for another request's lease (its call has the store's deadline; this
+/// only guards against a flight that never lands).
+const WAIT_LIMIT: Duration = Duration::from_secs(2);
+/// Hand-backs per call.
+const GIVE_BACKS_PER_CALL: usize = 512;
+/// Blocks listed in `/rlconfig`.
+const LISTED_BLOCKS: usize = 20;
+
+type Shard = HashMap<Digest, Block, BuildHasherDefault<DigestHasher>>;
+
+/// The leasing layer in front of a shared store.
+pub struct Leased {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Arc<dyn Store>,
+    shards: Box<[Mutex<Shard>]>,
+    digester: Digester,
+    clock: Arc<dyn Clock>,
+    options: LeaseOptions,
+    period: Micros,
+    /// Instances taking leases recently, the last time the store said (at least 1).
+    instances: AtomicU64,
+    blocks: AtomicUsize,
+    /// Whether the sweeper runs (started with the first lease).
+    started: AtomicBool,
+    totals: Totals,
+    /// The sweeper's last view of the blocks, for `status`.
+    view: Mutex<(u64, Vec<BlockView>)>,
+}
+
+/// Running totals (the metrics' source).
+#[derive(Default)]
+struct Totals {
+    calls: AtomicU64,
+    leases: AtomicU64,
+    refused: AtomicU64,
+    units_leased: AtomicU64,
+    units_returned: AtomicU64,
+    local: AtomicU64,
+    exact: AtomicU64,
+}
+
+/// What the leasing layer reports in [`StoreStatus::leases`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// This instance's name in the count of instances.
+    pub instance: String,
+    /// Instances taking leases recently, this one included.
+    pub instances: u64,
+    /// Counters this instance holds a block for.
+    pub blocks: u64,
+    /// Units leased and not admitted yet, over all blocks (as of the last sweep).
+    pub outstanding: u64,
+    /// Lease calls made (leases and hand-backs).
+    pub calls: u64,
+    /// Leases granted.
+    pub leases: u64,
+    /// Leases refused (nothing left).
+    pub refused: u64,
+    /// Units taken from shared counters.
+    pub units_leased: u64,
+    /// Units handed back to shared counters.
+    pub units_returned: u64,
+    /// Decisions made from a block, without a store call.
+    pub local_decisions: u64,
+    /// Leased counters decided exactly instead (the lease failed, the table was full, or
+    /// the request waited too long).
+    pub exact_decisions: u64,
+    /// The largest blocks, largest first.
+    pub top: Vec<BlockView>,
+}
+
+/// One block, for `/rlconfig`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockView {
+    /// The counter's key.
+    pub key: String,
+    /// Its algorithm.
+    pub algorithm: Algorithm,
+    /// Units in hand.
+    pub units: u64,
+    /// Time until the block ends (its units go back or die).
+    pub ends_in: Micros,
+}
+
+/// A request's leased decisions so far.
+struct Local {
+    decisions: Vec<Option<Decision>>,
+    /// Units taken from blocks for this request: (op, block, generation, hits).
+    reserved: Vec<(usize, Digest, u64, u64)>,
+    /// Operations the shared store decides (not leased, or leasing failed).
+    exact: Vec<usize>,
+    /// Refunds the blocks could not take, for the shared store (their decisions unused).
+    extra: Vec<CounterOp>,
+    calls: Calls,
+}
+
+impl Leased {
+    /// Leases from `inner`; `clock` times the blocks (local time: only durations matter).
+    pub fn new(inner: Arc<dyn Store>, options: LeaseOptions, clock: Arc<dyn Clock>) -> Self {
+        let period = options.period.as_micros().clamp(1_000, u64::MAX as u128) as Micros;
+        Self {
+            shared: Arc::new(Shared {
+                inner,
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                digester: Digester::new(),
+                clock,
+                options,
+                period,
+                instances: AtomicU64::new(1),
+                blocks: AtomicUsize::new(0),
+                started: AtomicBool::new(false),
+                totals: Totals::default(),
+                view: Mutex::default(),
+            }),
+        }
+    }
+
+    /// Hands every unit in hand back to the shared counters (at shutdown, after the drain):
+    /// a rolling restart wastes no budget. Returns the units handed back.
+    pub async fn hand_back_all(&self) -> u64 {
+        self.shared.sweep(true).await
+    }
+
+    async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
+        let leasing = |op: &CounterOp| {
+            op.consistency == Consistency::Leased
+                && op.limit.algorithm != Algorithm::Concurrency
+                && batch.admission != Admission::Never
+        };
+        if !batch.ops.iter().any(leasing) {
+            return self.shared.inner.apply(batch).await;
+        }
+        self.shared.start();
+        let mut local = Local {
+            decisions: vec![None; batch.ops.len()],
+            reserved: Vec::new(),
+            exact: Vec::new(),
+            extra: Vec::new(),
+            calls: Calls::default(),
+        };
+        let mut pending = Vec::new();
+        for (i, op) in batch.ops.iter().enumerate() {
+            match (leasing(op), op.hits < 0) {
+                (false, _) => local.exact.push(i),
+                (true, true) => self.shared.refund(i, op, &mut local),
+                (true, false) => pending.push(i),
+            }
+        }
+        self.decide_leased(batch, pending, &mut local).await;
+        self.finish(batch, local).await
+    }
+
+    /// Decides `pending` (leased charges) from the blocks, taking the leases they need: one
+    /// call per round, a few rounds of waiting for other requests' leases at most.
+    async fn decide_leased(&self, batch: &Batch, mut pending: Vec<usize>, local: &mut Local) {
+        let shared = &self.shared;
+        for _ in 0..MAX_ROUNDS {
+            if pending.is_empty() {
+                return;
+            }
+            let now = shared.clock.now();
+            let mut waits = Vec::new();
+            let mut round = Round::default();
+            for &i in &pending {
+                let op = &batch.ops[i];
+                let digest = shared.digester.digest(&op.key);
+                match shared.take(op, digest, now, &mut round) {
+                    None => local.exact.push(i),
+                    Some(Outcome::Decided { decision, reserved }) => {
+                        local.decisions[i] = Some(decision);
+                        if reserved > 0 {
+                            local.reserved.push((i, digest, round.generation, reserved));
+                        }
+                        shared.totals.local.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Outcome::Wait(flight)) => waits.push((i, flight.notified_owned())),
+                    Some(Outcome::Lease(ask)) => round.lead(i, digest, op, ask),
+                }
+            }
+            if !round.asks.is_empty() {
+                local.calls = local.calls.and(Calls::one(1));
+                shared.lease_round(batch, round, now, local).await;
+            }
+            pending = waits.iter().map(|(i, _)| *i).collect();
+            join_all(
+                waits
+                    .into_iter()
+                    .map(|(_, n)| tokio::time::timeout(WAIT_LIMIT, n)),
+            )
+            .await;
+        }
+        shared
+            .totals
+            .exact
+            .fetch_add(pending.len() as u64, Ordering::Relaxed);
+        local.exact.extend(pending);
+    }
+
+    /// The rest of the request through the shared store, with the admission the leased
+    /// decisions leave it; then the request's answer, and its reserved units back to their
+    /// blocks when it is refused.
+    async fn finish(&self, batch: &Batch, mut local: Local) -> Result<Applied, StoreError> {
+        let leased: Vec<usize> = (0..batch.ops.len())
+            .filter(|i| local.decisions[*i].is_some())
+            .collect();
+        let decided = |i: &usize| local.decisions[*i].expect("decided");
+        let enforce_over = leased
+            .iter()
+            .any(|i| batch.ops[*i].role == Role::Enforce && !decided(i).allowed);
+        let quota: Vec<bool> = leased
+            .iter()
+            .filter(|i| batch.ops[**i].role == Role::Quota)
+            .map(|i| decided(i).allowed)
+            .collect();
+        let quota_met = quota.iter().any(|a| *a);
+        let inner_quota = local
+            .exact
+            .iter()
+            .any(|i| batch.ops[*i].role == Role::Quota);
+        // Every quota counter over, all of them leased: the request is over.
+        let quota_over = !quota.is_empty() && !quota_met && !inner_quota;
+        let rejected = enforce_over || quota_over;
+        let admission = match batch.admission {
+            Admission::ByRule if rejected => Admission::Never,
+            admission => admission,
+        };
+        let mut ops: Vec<CounterOp> = local
+            .exact
+            .iter()
+            .map(|&i| {
+                let mut op = batch.ops[i].clone();
+                // A leased quota counter within its limit: the request cannot be over by
+                // quota, so the others only count.
+                if quota_met && op.role == Role::Quota {
+                    op.role = Role::Shadow;
+                }
+                op
+            })
+            .collect();
+        ops.append(&mut local.extra);
+        let inner = if ops.is_empty() {
+            None
+        } else {
+            let rest = Batch {
+                ops,
+                admission,
+                deadline: batch.deadline,
+                charged_at: batch.charged_at,
+            };
+            match self.shared.inner.apply(&rest).await {
+                Ok(applied) => Some(applied),
+                Err(e) => {
+                    self.shared.put_back(&local.reserved);
+                    return Err(e);
+                }
+            }
+        };
+        let admitted = match batch.admission {
+            Admission::Always => true,
+            Admission::Never => false,
+            Admission::ByRule => !rejected && inner.as_ref().is_none_or(|a| a.admitted),
+        };
+        if !admitted {
+            self.shared.put_back(&local.reserved);
+        }
+        let mut applied = Applied {
+            decisions: Vec::new(),
+            admitted,
+            degraded: false,
+            cached: Vec::new(),
+            decided_at: None,
+            calls: local.calls,
+        };
+        if let Some(inner) = inner {
+            for (&i, d) in local.exact.iter().zip(&inner.decisions) {
+                local.decisions[i] = Some(*d);
+            }
+            applied.cached = inner.cached.iter().map(|&k| local.exact[k]).collect();
+            applied.degraded = inner.degraded;
+            applied.decided_at = inner.decided_at;
+            applied.calls = inner.calls.and(local.calls);
+        }
+        applied.decisions = local
+            .decisions
+            .into_iter()
+            .map(|d| d.ok_or_else(|| StoreError::Internal("a counter got no decision".into())))
+            .collect::<Result<_, _>>()?;
+        Ok(applied)
+    }
+}
+
+/// The leases one round of a request takes: one call.
+#[derive(Default)]
+struct Round {
+    asks: Vec<LeaseAsk>,
+    /// Per ask: the op it leads for (`None`: a hand-back) and its block.
+    leads: Vec<(Option<usize>, Digest)>,
+    /// The generation of the last block taken from (for reservations).
+    generation: u64,
+}
+
+impl Round {
+    fn lead(&mut self, i: usize, digest: Digest, op: &CounterOp, ask: crate::algorithm::Ask) {
+        self.asks.push(LeaseAsk {
+            key: op.key.clone(),
+            limit: op.limit,
+            take: Take::Lease(ask),
+        });
+        self.leads.push((Some(i), digest));
+    }
+
+    fn give_back(&mut self, block: &Block, digest: Digest, units: u64) {
+        self.asks.push(LeaseAsk {
+            key: block.key.clone(),
+            limit: block.limit,
+            take: Take::GiveBack {
+                units,
+                leased_at: block.leased_at_store,
+            },
+        });
+        self.leads.push((None, digest));
+    }
+}
+
+/// Clears the flights of a round's leases if their call never lands (it failed, or the
+/// request was dropped mid-call): their waiters then ask again.
+struct Flights<'a> {
+    shared: &'a Shared,
+    digests: Vec<Digest>,
+}
+
+impl Drop for Flights<'_> {
+    fn drop(&mut self) {
+        for digest in &self.digests {
+            if let Some(block) = self.shared.shard(digest).lock().get_mut(digest) {
+                block.abort();
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn shard(&self, digest: &Digest) -> &Mutex<Shard> {
+        &self.shards[(digest.0[1] % SHARDS as u64) as usize]
+    }
+
+    /// Starts the sweeper and the count of instances, once.
+    fn start(self: &Arc<Self>) {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweeper(Arc::downgrade(self)));
+        }
+    }
+
+    /// What `op`'s block says at `now` (creating the block); `None` when no block can be
+    /// made (the table is full): decided exactly. Units of an ended lease period join the
+    /// round as a hand-back.
+    fn take(
+        &self,
+        op: &CounterOp,
+        digest: Digest,
+        now: Micros,
+        round: &mut Round,
+    ) -> Option<Outcome> {
+        let mut shard = self.shard(&digest).lock();
+        let block = match shard.entry(digest) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                if self.blocks.load(Ordering::Relaxed) >= self.options.max_keys {
+                    self.totals.exact.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                self.blocks.fetch_add(1, Ordering::Relaxed);
+                entry.insert(Block::new(op.key.clone(), op.limit, now))
+            }
+        };
+        if block.limit != op.limit {
+            // The rule changed (a reload): what the block holds was leased under the old
+            // limit and goes back; the new limit leases afresh.
+            block.ends_at = block.ends_at.min(now);
+        }
+        let back = block.expire(now);
+        if back > 0 {
+            round.give_back(block, digest, back);
+        }
+        block.limit = op.limit;
+        let instances = self.instances.load(Ordering::Relaxed);
+        let outcome = block.take(op.hits as u64, now, instances, self.period);
+        if let Outcome::Lease(_) = outcome {
+            block.flight = Some(Arc::new(tokio::sync::Notify::new()));
+        }
+        round.generation = block.generation;
+        Some(outcome)
+    }
+
+    /// One lease call for a round; installs the grants and wakes the waiters. Leaders whose
+    /// lease failed are decided exactly.
+    async fn lease_round(&self, batch: &Batch, round: Round, asked: Micros, local: &mut Local) {
+        let mut flights = Flights {
+            shared: self,
+            digests: round
+                .leads
+                .iter()
+                .filter(|(i, _)| i.is_some())
+                .map(|(_, d)| *d)
+                .collect(),
+        };
+        self.totals.calls.fetch_add(1, Ordering::Relaxed);
+        let grants = match self.inner.lease(&round.asks).await {
+            Ok(grants) if grants.len() == round.asks.len() => grants,
+            _ => {
+                drop(flights);
+                for (i, _) in &round.leads {
+                    if let Some(i) = i {
+                        local.exact.push(*i);
+                        self.totals.exact.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                return;
+            }
+        };
+        flights.digests.clear();
+        let now = self.clock.now().max(asked);
+        for ((lead, digest), (ask, grant)) in round.leads.iter().zip(round.asks.iter().zip(&grants))
+        {
+            let Some(i) = *lead else {
+                if let Take::GiveBack { units, .. } = ask.take {
+                    self.totals
+                        .units_returned
+                        .fetch_add(units, Ordering::Relaxed);
+                }
+                continue;
+            };
+            let mut shard = self.shard(digest).lock();
+            let Some(block) = shard.get_mut(digest) else {
+                local.exact.push(i);
+                continue;
+            };
+            let flight = block.flight.clone();
+            let hits = batch.ops[i].hits as u64;
+            let (decision, reserved) = block.install(grant, hits, (asked, now), self.period);
+            if reserved > 0 {
+                local
+                    .reserved
+                    .push((i, *digest, block.generation, reserved));
+            }
+            drop(shard);
+            if let Some(flight) = flight {
+                flight.notify_waiters();
+            }
+            local.decisions[i] = Some(decision);
+            if grant.units > 0 {
+                self.totals.leases.fetch_add(1, Ordering::Relaxed);
+                self.totals
+                    .units_leased
+                    .fetch_add(grant.units, Ordering::Relaxed);
+            } else {
+                self.totals.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A leased refund: back to the block, at most what it admitted; the rest to the store.
+    fn refund(&self, i: usize, op: &CounterOp, local: &mut Local) {
+        let digest = self.digester.digest(&op.key);
+        let hits = op.hits.unsigned_abs();
+        let now = self.clock.now();
+        let mut shard = self.shard(&digest).lock();
+        let Some(block) = shard.get_mut(&digest) else {
+            local.exact.push(i);
+            return;
+        };
+        let generation = block.generation;
+        let back = block.give_back(hits, generation);
+        local.decisions[i] = Some(block.refunded(now));
+        if back < hits {
+            local.extra.push(CounterOp {
+                hits: -((hits - back) as i64),
+                consistency: Consistency::Exact,
+                ..op.clone()
+            });
+        }
+    }
+
+    /// Units a refused request reserved, back to their blocks.
+    fn put_back(&self, reserved: &[(usize, Digest, u64, u64)]) {
+        for (_, digest, generation, hits) in reserved {
+            if let Some(block) = self.shard(digest).lock().get_mut(digest) {
+                block.give_back(*hits, *generation);
+            }
+        }
+    }
+
+    /// Hands back the units of every block whose lease period ended (`all`: of every block,
+    /// at shutdown), drops idle blocks and refreshes the view for `status`. Returns the units
+    /// handed back.
+    async fn sweep(&self, all: bool) -> u64 {
+        let now = self.clock.now();
+        let mut round = Round::default();
+        let (mut outstanding, mut top) = (0u64, Vec::new());
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let before = shard.len();
+            shard.retain(|digest, block| {
+                if all {
+                    block.ends_at = block.ends_at.min(now);
+                }
+                let back = block.expire(now);
+                if back > 0 {
+                    round.give_back(block, *digest, back);
+                }
+                if block.idle(now, 2 * self.period) {
+                    return false;
+                }
+                outstanding += block.units;
+                if block.units > 0 {
+                    top.push(BlockView {
+                        key: block.key.to_string(),
+                        algorithm: block.limit.algorithm,
+                        units: block.units,
+                        ends_in: block.ends_at.saturating_sub(now),
+                    });
+                }
+                true
+            });
+            self.blocks
+                .fetch_sub(before - shard.len(), Ordering::Relaxed);
+            if top.len() > 4 * LISTED_BLOCKS {
+                top.sort_by_key(|b| std::cmp::Reverse(b.units));
+                top.truncate(LISTED_BLOCKS);
+            }
+        }
+        top.sort_by_key(|b| std::cmp::Reverse(b.units));
+        top.truncate(LISTED_BLOCKS);
+        *self.view.lock() = (outstanding, top);
+        let mut returned = 0;
+        for chunk in round.asks.chunks(GIVE_BACKS_PER_CALL) {
+            self.totals.calls.fetch_add(1, Ordering::Relaxed);
+            if self.inner.lease(chunk).await.is_ok() {
+                let units: u64 = chunk
+                    .iter()
+                    .map(|a| match a.take {
+                        Take::GiveBack { units, .. } => units,
+                        Take::Lease(_) => 0,
+                    })
+                    .sum();
+                self.totals
+                    .units_returned
+                    .fetch_add(units, Ordering::Relaxed);
+                returned += units;
+            }
+        }
+        returned
+    }
+
+    /// Records this instance with the store and learns how many take leases.
+    async fn count_instances(&self) {
+        let within = (self.options.period * 3).max(Duration::from_secs(3));
+        if let Ok(n) = self.inner.instances(&self.options.instance, within).await {
+            self.instances.store(n.max(1), Ordering::Relaxed);
+        }
+    }
+
+    fn status(&self) -> LeaseStatus {
+        let (outstanding, top) = self.view.lock().clone();
+        let t = &self.totals;
+        LeaseStatus {
+            instance: self.options.instance.clone(),
+            instances: self.instances.load(Ordering::Relaxed),
+            blocks: self.blocks.load(Ordering::Relaxed) as u64,
+            outstanding,
+            calls: t.calls.load(Ordering::Relaxed),
+            leases: t.leases.load(Ordering::Relaxed),
+            refused: t.refused.load(Ordering::Relaxed),
+            units_leased: t.units_leased.load(Ordering::Relaxed),
+            units_returned: t.units_returned.load(Ordering::Relaxed),
+            local_decisions: t.local.load(Ordering::Relaxed),
+            exact_decisions: t.exact.load(Ordering::Relaxed),
+            top,
+        }
+    }
+}
+
+/// Sweeps every quarter lease period and counts the instances once a lease period (at
+/// least once a second); stops when the layer is dropped.
+async fn sweeper(shared: Weak<Shared>) {
+    let Some(period) = shared.upgrade().map(|s| s.options.period) else {
+        return;
+    };
+    let sweep_every = (period / 4).max(Duration::from_millis(10));
+    let count_every = period.max(Duration::from_secs(1));
+    let mut last_count: Option<tokio::time::Instant> = None;
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if last_count.is_none_or(|t| t.elapsed() >= count_every) {
+            last_count = Some(tokio::time::Instant::now());
+            shared.count_instances().await;
+        }
+        shared.sweep(false).await;
+        drop(shared);
+        tokio::time::sleep(sweep_every).await;
+    }
+}
+
+impl Store for Leased {
+    fn apply<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<Applied, StoreError>> {
+        Box::pin(self.apply_batch(batch))
+    }
+
+    fn status(&self) -> StoreStatus {
+        let mut status = self.shared.inner.status();
+        if self.shared.started.load(Ordering::Acquire) {
+            status.leases = Some(self.shared.status());
+        }
+        status
+    }
+
+    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
+        self.shared.inner.lease(asks)
+    }
+
+    fn instances<'a>(
+        &'a self,
+        instance: &'a str,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.shared.inner.instances(instance, within)
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.shared.inner.probe()
+    }
+
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let units = self.hand_back_all().await;
+            if units > 0 {
+                tracing::info!(units, "leased units handed back to the shared counters");
+            }
+        })
+    }
+
+    fn warm_up(&self) -> BoxFuture<'_, ()> {
+        self.shared.inner.warm_up()
+    }
+}

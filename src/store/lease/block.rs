@@ -1,0 +1,408 @@
+//! One counter's block on this instance: the units it took from the shared counter and has
+//! not admitted yet, and what it knows of the counter. Pure bookkeeping on the local clock;
+//! the leasing layer holds each block under its shard's lock and does the store calls.
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use super::ask::Grant;
+use crate::algorithm::{Algorithm, Ask, Decision, Limit, Micros, SECOND};
+use crate::store::CounterKey;
+
+/// A counter's block.
+#[derive(Debug)]
+pub(super) struct Block {
+    pub(super) key: CounterKey,
+    pub(super) limit: Limit,
+    /// Units taken from the shared counter and not admitted yet.
+    pub(super) units: u64,
+    /// Hits admitted from this block's leases (net of refunds): what refunds may give back.
+    used: u64,
+    /// Hits admitted since the last lease: the instance's recent rate.
+    used_since_lease: u64,
+    /// Hits per second this instance admitted on the counter, smoothed over leases.
+    rate: f64,
+    /// Local time of the last lease.
+    leased_at: Micros,
+    /// Store time of the last lease: a hand-back names its window.
+    pub(super) leased_at_store: Micros,
+    /// Local time after which the units may no longer be admitted: the lease period's end or
+    /// the window's, whichever comes first.
+    pub(super) ends_at: Micros,
+    /// Local time the lease's window ends (fixed and sliding windows; `Micros::MAX` for a
+    /// token bucket): units left before it can go back, after it they died with it.
+    pub(super) window_ends_at: Micros,
+    /// What the shared counter had left after the last lease (for statuses).
+    shared_left: u64,
+    /// Local time the counter is fully restored, as the store said at the last lease.
+    reset_at: Micros,
+    /// The store refused `need` hits (or more) until this local time: answered from here.
+    refused: Option<Refused>,
+    /// A lease in flight: requests that need units wait for it rather than ask again.
+    pub(super) flight: Option<Arc<Notify>>,
+    /// Changes whenever the units start over (a new window or lease period): units reserved
+    /// before go back only to the block they came from.
+    pub(super) generation: u64,
+    /// Local time of the last hit: idle blocks are dropped.
+    pub(super) touched_at: Micros,
+}
+
+/// A refusal the store gave.
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    need: u64,
+    until: Micros,
+    decision: Decision,
+    at: Micros,
+}
+
+/// What a block says to `hits` hits.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Decided here: admitted from the block (`reserved` hits taken from it), or refused as
+    /// the store refused.
+    Decided { decision: Decision, reserved: u64 },
+    /// A lease is in flight: wait for it, then ask again.
+    Wait(Arc<Notify>),
+    /// Not enough units: take a lease with this ask (the caller leads the flight).
+    Lease(Ask),
+}
+
+impl Block {
+    pub(super) fn new(key: CounterKey, limit: Limit, now: Micros) -> Self {
+        Self {
+            key,
+            limit,
+            units: 0,
+            used: 0,
+            used_since_lease: 0,
+            rate: 0.0,
+            leased_at: now,
+            leased_at_store: 0,
+            ends_at: now,
+            window_ends_at: now,
+            shared_left: 0,
+            reset_at: now,
+            refused: None,
+            flight: None,
+            generation: 0,
+            touched_at: now,
+        }
+    }
+
+    /// Ends the block if its time is up: returns the units that may go back to the shared
+    /// counter (the window has not ended yet), or 0.
+    pub(super) fn expire(&mut self, now: Micros) -> u64 {
+        if now < self.ends_at || self.flight.is_some() {
+            return 0;
+        }
+        self.evaporate(now);
+        let back = if now < self.window_ends_at {
+            self.units
+        } else {
+            0
+        };
+        if self.units > 0 || self.used > 0 {
+            self.generation += 1;
+        }
+        self.units = 0;
+        if now >= self.window_ends_at {
+            self.used = 0;
+        }
+        back
+    }
+
+    /// Decides `hits` (≥ 0) from the block at local time `now`; `instances` share the
+    /// counter, `period` is the lease period.
+    pub(super) fn take(
+        &mut self,
+        hits: u64,
+        now: Micros,
+        instances: u64,
+        period: Micros,
+    ) -> Outcome {
+        self.touched_at = now;
+        if hits == 0 {
+            return Outcome::Decided {
+                decision: self.allowed(now),
+                reserved: 0,
+            };
+        }
+        self.evaporate(now);
+        if now < self.ends_at && self.units >= hits {
+            self.units -= hits;
+            self.used += hits;
+            self.used_since_lease += hits;
+            return Outcome::Decided {
+                decision: self.allowed(now),
+                reserved: hits,
+            };
+        }
+        if let Some(refused) = self.refused
+            && now < refused.until
+            && hits >= refused.need
+        {
+            return Outcome::Decided {
+                decision: refused.decision_at(now),
+                reserved: 0,
+            };
+        }
+        if let Some(flight) = &self.flight {
+            return Outcome::Wait(flight.clone());
+        }
+        let units = if now < self.ends_at { self.units } else { 0 };
+        let need = hits - units;
+        Outcome::Lease(Ask {
+            want: self.want(need, now, period),
+            need,
+            instances,
+        })
+    }
+
+    /// A token bucket refills the tokens a block took as time passes: a block may hold at
+    /// most the tokens the bucket still owes (the time until it is full, at the last lease,
+    /// in emission intervals), or this instance and the bucket would both admit them. The
+    /// rest are the bucket's again; nothing needs handing back.
+    fn evaporate(&mut self, now: Micros) {
+        if self.limit.algorithm != Algorithm::TokenBucket || self.limit.requests == 0 {
+            return;
+        }
+        let interval = self.limit.window as f64 / self.limit.requests as f64;
+        // The store rounds the time until full down to a microsecond: one more is still owed.
+        let owed = ((self.reset_at.saturating_sub(now) + 1) as f64 / interval).floor() as u64;
+        self.units = self.units.min(owed);
+    }
+
+    /// What to ask for: what this instance would admit in one lease period at its recent
+    /// rate, at least `need`, at most the counter's capacity.
+    fn want(&mut self, need: u64, now: Micros, period: Micros) -> u64 {
+        let elapsed = now.saturating_sub(self.leased_at).max(1_000);
+        if self.used_since_lease > 0 {
+            let recent = self.used_since_lease as f64 * SECOND as f64 / elapsed as f64;
+            // A rate from one short block is noisy; half the weight to the past.
+            self.rate = if self.rate == 0.0 {
+                recent
+            } else {
+                (self.rate + recent) / 2.0
+            };
+        }
+        let per_period = (self.rate * period as f64 / SECOND as f64).ceil();
+        let capacity = self.limit.requests.max(self.limit.burst);
+        (per_period.min(capacity as f64) as u64).max(need)
+    }
+
+    /// Adds a lease's grant, asked at local time `asked` and answered at `now`; the
+    /// leader's `hits` are then taken from the block when they fit. Returns the leader's
+    /// decision and the hits reserved. The window's end is counted from when the call was
+    /// sent, so that the block ends before the store's window does, never after.
+    pub(super) fn install(
+        &mut self,
+        grant: &Grant,
+        hits: u64,
+        (asked, now): (Micros, Micros),
+        period: Micros,
+    ) -> (Decision, u64) {
+        self.flight = None;
+        let window_left = match self.limit.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.limit.window_left(grant.now),
+            _ => Micros::MAX,
+        };
+        if now >= self.ends_at {
+            // The old block is over (its units were handed back or died): start again.
+            self.generation += 1;
+            self.units = 0;
+            if now >= self.window_ends_at {
+                self.used = 0;
+            }
+        }
+        self.leased_at = now;
+        self.leased_at_store = grant.now;
+        self.used_since_lease = 0;
+        self.window_ends_at = asked.saturating_add(window_left);
+        self.ends_at = now.saturating_add(period).min(self.window_ends_at);
+        // From when the call was sent: the store's instant is no earlier, so this is no later.
+        self.reset_at = asked.saturating_add(grant.decision.reset_after);
+        self.shared_left = grant.decision.remaining;
+        if grant.units == 0 {
+            self.refused = Some(Refused {
+                need: hits.saturating_sub(self.units).max(1),
+                // Refused for at most a lease period: units others hand back become visible.
+                until: now.saturating_add(
+                    grant
+                        .decision
+                        .retry_after
+                        .unwrap_or(grant.decision.reset_after)
+                        .min(period),
+                ),
+                decision: grant.decision,
+                at: now,
+            });
+        } else {
+            self.refused = None;
+            self.units += grant.units;
+        }
+        if grant.units > 0 && self.units >= hits {
+            // The leader's hits, from the units just taken for them.
+            self.units -= hits;
+            self.used += hits;
+            self.used_since_lease += hits;
+            return (self.allowed(now), hits);
+        }
+        let refused = Decision {
+            allowed: false,
+            ..grant.decision
+        };
+        (refused, 0)
+    }
+
+    /// Gives back hits admitted from this block (a refused request's reservation, or a
+    /// refund): at most what it admitted in this generation. Returns the hits taken back.
+    pub(super) fn give_back(&mut self, hits: u64, generation: u64) -> u64 {
+        if generation != self.generation {
+            return 0;
+        }
+        let back = hits.min(self.used);
+        self.used -= back;
+        self.used_since_lease = self.used_since_lease.saturating_sub(back);
+        self.units += back;
+        back
+    }
+
+    /// The status of an admitted request: what the counter had left at the last lease plus
+    /// this instance's units (the units other instances hold are not known here).
+    fn allowed(&self, now: Micros) -> Decision {
+        Decision {
+            allowed: self.limit.requests > 0,
+            remaining: self.shared_left.saturating_add(self.units),
+            reset_after: self.reset_at.saturating_sub(now),
+            retry_after: None,
+        }
+    }
+
+    /// A status for a refund decided here.
+    pub(super) fn refunded(&self, now: Micros) -> Decision {
+        Decision {
+            allowed: true,
+            ..self.allowed(now)
+        }
+    }
+
+    /// Whether nothing happened on this block for `idle` and it holds nothing.
+    pub(super) fn idle(&self, now: Micros, idle: Micros) -> bool {
+        self.flight.is_none()
+            && self.units == 0
+            && now >= self.ends_at
+            && now.saturating_sub(self.touched_at) >= idle
+    }
+
+    /// Clears the flight after a failed lease (its waiters ask again).
+    pub(super) fn abort(&mut self) {
+        if let Some(flight) = self.flight.take() {
+            flight.notify_waiters();
+        }
+    }
+}
+
+impl Refused {
+    fn decision_at(&self, now: Micros) -> Decision {
+        let elapsed = now.saturating_sub(self.at);
+        Decision {
+            allowed: false,
+            remaining: self.decision.remaining,
+            reset_after: self.decision.reset_after.saturating_sub(elapsed),
+            retry_after: self.decision.retry_after.map(|r| r.saturating_sub(elapsed)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+
+    const MINUTE: Micros = 60 * SECOND;
+
+    fn block(requests: u64) -> Block {
+        let limit = Limit::new(requests, MINUTE, Algorithm::FixedWindow);
+        Block::new(CounterKey::new("d", [("k", "v")], &limit), limit, 0)
+    }
+
+    fn grant(units: u64, remaining: u64, now: Micros) -> Grant {
+        Grant {
+            units,
+            decision: Decision {
+                allowed: units > 0,
+                remaining,
+                reset_after: MINUTE - now % MINUTE,
+                retry_after: (units == 0).then_some(MINUTE - now % MINUTE),
+            },
+            now,
+        }
+    }
+
+    #[test]
+    fn a_fresh_block_asks_for_the_hits_then_admits_from_its_units() {
+        let mut b = block(100);
+        let Outcome::Lease(ask) = b.take(1, 0, 1, SECOND) else {
+            panic!("a fresh block has no units");
+        };
+        assert_eq!((ask.want, ask.need), (1, 1));
+        b.flight = Some(Arc::new(Notify::new()));
+        assert!(matches!(b.take(1, 0, 1, SECOND), Outcome::Wait(_)));
+        let (d, reserved) = b.install(&grant(10, 90, 0), 1, (0, 0), SECOND);
+        assert!(d.allowed);
+        assert_eq!((reserved, b.units, d.remaining), (1, 9, 99));
+        for _ in 0..9 {
+            assert!(matches!(
+                b.take(1, 10, 1, SECOND),
+                Outcome::Decided { reserved: 1, .. }
+            ));
+        }
+        // Ten hits in 10 µs (counted as 1 ms): the next ask is sized for a second of that.
+        let Outcome::Lease(ask) = b.take(1, 10, 1, SECOND) else {
+            panic!("the block is used up");
+        };
+        assert_eq!(ask.want, 100);
+    }
+
+    #[test]
+    fn a_refusal_answers_here_for_a_lease_period_at_most() {
+        let mut b = block(10);
+        let (d, _) = b.install(&grant(0, 0, 0), 1, (0, 0), SECOND);
+        assert!(!d.allowed);
+        assert!(matches!(
+            b.take(1, SECOND - 1, 1, SECOND),
+            Outcome::Decided { decision, .. } if !decision.allowed
+        ));
+        assert!(matches!(b.take(1, SECOND, 1, SECOND), Outcome::Lease(_)));
+    }
+
+    #[test]
+    fn units_go_back_before_the_window_ends_and_die_with_it() {
+        let mut b = block(100);
+        b.install(&grant(10, 90, 0), 1, (0, 0), SECOND);
+        assert_eq!(b.expire(SECOND - 1), 0, "the lease period is not over");
+        assert_eq!(b.expire(SECOND), 9);
+        assert_eq!(b.units, 0);
+        // A lease near the window's end ends with the window, and its units die with it.
+        b.install(
+            &grant(10, 80, MINUTE - 100),
+            1,
+            (2 * SECOND, 2 * SECOND),
+            SECOND,
+        );
+        assert_eq!(b.ends_at, 2 * SECOND + 100);
+        assert_eq!(b.expire(2 * SECOND + 100), 0);
+    }
+
+    #[test]
+    fn refunds_give_back_at_most_what_the_block_admitted_in_its_generation() {
+        let mut b = block(100);
+        b.install(&grant(10, 90, 0), 3, (0, 0), SECOND);
+        let generation = b.generation;
+        assert_eq!(b.give_back(5, generation), 3);
+        assert_eq!(b.units, 10);
+        assert_eq!(b.give_back(1, generation + 1), 0);
+    }
+}

@@ -1,0 +1,224 @@
+//! Leases in Redis: `lua/lease.lua`, one call per single node (one per hash slot in a
+//! Cluster, sent together), and the count of instances taking leases.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::{Cmd, Script};
+
+use super::{ConnHandle, RedisStore, Shared, query, slot};
+use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::store::{Grant, LeaseAsk, StoreError, Take};
+
+/// The lease script: the algorithms of the counter script, then the lease driver.
+pub const LEASE_SCRIPT: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/concurrency.lua"),
+    include_str!("lua/lease.lua"),
+);
+
+pub(super) static LEASES: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_SCRIPT));
+
+/// Records an instance in a sorted set scored by Redis's time (ms), drops those older than
+/// `ARGV[2]` ms, and answers how many are left.
+const INSTANCES_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local within = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - within)
+redis.call('PEXPIRE', KEYS[1], within * 2)
+return redis.call('ZCARD', KEYS[1])
+";
+
+pub(super) static INSTANCES: LazyLock<Script> = LazyLock::new(|| Script::new(INSTANCES_SCRIPT));
+
+/// The lease script's arguments after the time (`ARGV[1]`), defined once: [`PER_ASK`]
+/// values per ask at these offsets. The other half is `lua/lease.lua`, which reads them
+/// under the same names.
+mod args {
+    pub const PER_ASK: usize = 8;
+    pub const ALGORITHM: usize = 0;
+    pub const LIMIT: usize = 1;
+    pub const WINDOW: usize = 2;
+    pub const BURST: usize = 3;
+    /// The most units to take; negative: units handed back.
+    pub const WANT: usize = 4;
+    pub const NEED: usize = 5;
+    pub const INSTANCES: usize = 6;
+    /// The window start a hand-back must still be in, or -1.
+    pub const GUARD: usize = 7;
+    /// Values per ask in the answer: units, allowed, remaining, reset, retry.
+    pub const PER_GRANT: usize = 5;
+}
+
+impl RedisStore {
+    /// Every ask, one script call per node or hash slot, all sent at once.
+    pub(super) async fn lease_asks(&self, asks: &[LeaseAsk]) -> Result<Vec<Grant>, StoreError> {
+        if !self.shared.connector.is_cluster() {
+            return self.shared.lease_call(asks).await;
+        }
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, ask) in asks.iter().enumerate() {
+            let key = format!("{}{}", self.shared.prefix, ask.key);
+            groups
+                .entry(slot::slot(key.as_bytes()))
+                .or_default()
+                .push(i);
+        }
+        let groups: Vec<(Vec<usize>, Vec<LeaseAsk>)> = groups
+            .into_values()
+            .map(|indices| {
+                let part = indices.iter().map(|&i| asks[i].clone()).collect();
+                (indices, part)
+            })
+            .collect();
+        let replies = join_all(groups.iter().map(|(_, part)| self.shared.lease_call(part))).await;
+        let mut grants: Vec<Option<Grant>> = vec![None; asks.len()];
+        for ((indices, _), reply) in groups.iter().zip(replies) {
+            for (&i, grant) in indices.iter().zip(reply?) {
+                grants[i] = Some(grant);
+            }
+        }
+        grants
+            .into_iter()
+            .collect::<Option<Vec<Grant>>>()
+            .ok_or_else(|| StoreError::Internal("a lease got no answer".into()))
+    }
+
+    /// Records `instance` and counts the instances seen within `within`.
+    pub(super) async fn count_instances(
+        &self,
+        instance: &str,
+        within: Duration,
+    ) -> Result<u64, StoreError> {
+        let key = format!("{}sluice_lease_instances", self.shared.prefix);
+        let mut cmd = Cmd::new();
+        cmd.arg("EVALSHA")
+            .arg(INSTANCES.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(instance)
+            .arg(within.as_millis().max(1) as u64);
+        let count: i64 = self.shared.run_script(&INSTANCES, &cmd).await?;
+        Ok(count.max(1) as u64)
+    }
+}
+
+impl Shared {
+    /// One lease script call over `asks` (all on one node).
+    async fn lease_call(&self, asks: &[LeaseAsk]) -> Result<Vec<Grant>, StoreError> {
+        let now = self.clock.get().map_or(0, |c| c.now());
+        let mut cmd = Cmd::with_capacity(4 + asks.len() * (1 + args::PER_ASK), 64 * asks.len());
+        cmd.arg("EVALSHA").arg(LEASES.get_hash()).arg(asks.len());
+        for ask in asks {
+            cmd.arg(format!("{}{}", self.prefix, ask.key));
+        }
+        cmd.arg(now);
+        for ask in asks {
+            cmd.arg(&encode(ask)[..]);
+        }
+        let values: Vec<i64> = self.run_script(&LEASES, &cmd).await?;
+        decode(&values, asks.len())
+    }
+
+    /// Runs `cmd` (an EVALSHA of `script`) on a connection, loading the script after
+    /// NOSCRIPT; a transient error makes the connection be made again.
+    async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<T, StoreError> {
+        let (index, conn) = self.connector.get().await?;
+        let result = match conn {
+            ConnHandle::Node(mut c) => query(script, cmd, &mut c).await,
+            ConnHandle::Cluster(mut c) => query(script, cmd, &mut c).await,
+        };
+        result.map_err(|e| {
+            let error = StoreError::from(e);
+            if error.is_transient() {
+                self.connector.reset(index);
+            }
+            error
+        })
+    }
+}
+
+/// One ask's values, in the layout of [`args`].
+fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let mut values = [0; args::PER_ASK];
+    values[args::ALGORITHM] = match ask.limit.algorithm {
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::TokenBucket => 3,
+        Algorithm::Concurrency => 4,
+    };
+    values[args::LIMIT] = clamp(ask.limit.requests);
+    values[args::WINDOW] = clamp(ask.limit.window);
+    values[args::BURST] = clamp(ask.limit.burst);
+    values[args::GUARD] = ask.guard().map_or(-1, clamp);
+    match ask.take {
+        Take::Lease(want) => {
+            values[args::WANT] = clamp(want.want);
+            values[args::NEED] = clamp(want.need.max(1));
+            values[args::INSTANCES] = clamp(want.instances.max(1));
+        }
+        Take::GiveBack { units, .. } => {
+            values[args::WANT] = -clamp(units.max(1));
+            values[args::NEED] = 1;
+            values[args::INSTANCES] = 1;
+        }
+    }
+    values
+}
+
+/// The grants of `asks` asks from the script's answer (layout in `lua/lease.lua`).
+fn decode(values: &[i64], asks: usize) -> Result<Vec<Grant>, StoreError> {
+    let (&now, rest) = values
+        .split_first()
+        .ok_or_else(|| StoreError::Internal("the lease script returned no values".into()))?;
+    if rest.len() != asks * args::PER_GRANT {
+        return Err(StoreError::Internal(format!(
+            "the lease script answered {} values for {asks} asks",
+            rest.len()
+        )));
+    }
+    let micros = |v: i64| v.max(0) as Micros;
+    Ok(rest
+        .chunks_exact(args::PER_GRANT)
+        .map(|g| Grant {
+            units: g[0].max(0) as u64,
+            decision: Decision {
+                allowed: g[1] == 1,
+                remaining: g[2].max(0) as u64,
+                reset_after: micros(g[3]),
+                retry_after: (g[1] != 1 && g[4] >= 0).then(|| micros(g[4])),
+            },
+            now: micros(now),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_that_do_not_add_up_are_refused() {
+        assert!(decode(&[], 0).is_err());
+        assert!(decode(&[5, 1, 1, 0, 0], 1).is_err());
+        let grants = decode(&[7, 3, 1, 9, 100, -1, 0, 0, 0, 50, 40], 2).unwrap();
+        assert_eq!(grants[0].units, 3);
+        assert!(grants[0].decision.allowed);
+        assert_eq!(grants[0].decision.retry_after, None);
+        assert!(!grants[1].decision.allowed);
+        assert_eq!(grants[1].decision.retry_after, Some(40));
+        assert_eq!(grants[1].now, 7);
+    }
+}

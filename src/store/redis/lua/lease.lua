@@ -1,0 +1,83 @@
+-- Sluice: leased quota (README "Leased quota"); the driver, after the algorithms above.
+-- Mirrors algorithm::lease in src/algorithm/mod.rs and MemoryStore's leases. An instance takes
+-- a block of units from a counter at once (a charge of many hits, of at most what is left),
+-- admits from it in memory, and hands back what it did not use.
+--
+-- KEYS     one counter per ask (a key may repeat: each ask sees the ones before it)
+-- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
+-- ARGV[..] eight values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
+--          4 concurrency), limit, window (µs), burst, want (the most units to take; negative:
+--          that many units handed back), need (the fewest worth taking), instances (those
+--          sharing the counter recently), guard (for a hand-back: the window start it must
+--          still be in, or -1)
+-- Returns  {now, then per ask: units taken, 1 if the ask's need is admitted (else 0),
+--          remaining, reset_after, retry_after (-1: none)}, times in microseconds
+-- The argument layout, defined once in Rust (`mod args` in src/store/redis/lease.rs).
+local PER_ASK = 8
+local ALGORITHM, LIMIT, WINDOW, BURST, WANT, NEED, INSTANCES, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
+local CONCURRENCY = 4
+
+local steps = { fixed_window, sliding_window, token_bucket, concurrency }
+local decoders = {
+  fixed_window_decode, sliding_window_decode, token_bucket_decode, concurrency_decode,
+}
+local encoders = {
+  fixed_window_encode, sliding_window_encode, token_bucket_encode, concurrency_encode,
+}
+
+local now = tonumber(ARGV[1])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local out, o = { now }, 1
+local current = {}
+for k = 1, #KEYS do
+  local key, a = KEYS[k], 2 + (k - 1) * PER_ASK
+  local algorithm = tonumber(ARGV[a + ALGORITHM])
+  local step = steps[algorithm]
+  local limit, window, burst = tonumber(ARGV[a + LIMIT]), tonumber(ARGV[a + WINDOW]),
+    tonumber(ARGV[a + BURST])
+  local want, need = safe(tonumber(ARGV[a + WANT])), max(safe(tonumber(ARGV[a + NEED])), 1)
+  local st = current[key]
+  if st == nil then
+    local raw = redis.call('GET', key)
+    st = raw and decoders[algorithm](raw) or false
+  end
+  local units, allowed, remaining, reset, retry, next_state, expires
+  if want < 0 then
+    units = 0
+    allowed, remaining, reset, retry, next_state, expires = step(
+      st, limit, window, burst, now, want, tonumber(ARGV[a + GUARD]))
+  else
+    -- What the counter would still admit; a block is at most a share of it.
+    local ok, left = step(st, limit, window, burst, now, 0, -1)
+    if not ok then left = 0 end
+    local block = need
+    if algorithm ~= CONCURRENCY and left >= need then
+      local share = floor(left / (2 * max(tonumber(ARGV[a + INSTANCES]), 1)))
+      block = min(max(min(want, share), need), left)
+    end
+    allowed, remaining, reset, retry, next_state, expires = step(
+      st, limit, window, burst, now, block, -1)
+    if not allowed and block > need then
+      -- A fractional estimate that the whole block just misses: the need decides.
+      block = need
+      allowed, remaining, reset, retry, next_state, expires = step(
+        st, limit, window, burst, now, block, -1)
+    end
+    units = allowed and block or 0
+    if not allowed then next_state = nil end
+  end
+  if next_state then
+    current[key] = next_state
+    redis.call('SET', key, encoders[algorithm](next_state), 'PXAT', ceil(expires))
+  else
+    current[key] = st
+  end
+  out[o + 1], out[o + 2], out[o + 3] = units, allowed and 1 or 0, max(safe(remaining), 0)
+  out[o + 4], out[o + 5] = max(safe(reset), 0), max(safe(retry), -1)
+  o = o + 5
+end
+return out
