@@ -639,13 +639,14 @@ impl Shared {
     }
 }
 
-/// Sweeps every quarter lease period and counts the instances once a lease period (at
-/// least once a second); stops when the layer is dropped.
+/// Sweeps every quarter lease period (at least once a second: the view for `status`) and
+/// counts the instances once a lease period (at most once a second); stops when the layer is
+/// dropped.
 async fn sweeper(shared: Weak<Shared>) {
     let Some(period) = shared.upgrade().map(|s| s.options.period) else {
         return;
     };
-    let sweep_every = (period / 4).max(Duration::from_millis(10));
+    let sweep_every = (period / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     let count_every = period.max(Duration::from_secs(1));
     let mut last_count: Option<tokio::time::Instant> = None;
     loop {
