@@ -9,7 +9,9 @@
 //! - Blocks are sized from the instance's recent rate (what it would admit in one lease
 //!   period) and its share of what is left (at most the remaining budget divided by twice the
 //!   number of instances taking leases recently); near the limit they shrink to the
-//!   request's own hits, which is then exact.
+//!   request's own hits, which is then exact. A key whose rate asks for no more than the
+//!   request's hits (seen for the first time, or seldom) is decided exactly instead, in the
+//!   shared store's calls that requests share.
 //! - A block lives one lease period at most, and a windowed block no longer than its window:
 //!   units not admitted by then go back to the shared counter (also at shutdown), or die
 //!   with their window.
@@ -178,15 +180,22 @@ impl Leased {
     }
 
     async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
+        // A peek (0 hits) reads the shared counter: a block knows only its own units.
         let leasing = |op: &CounterOp| {
             op.consistency == Consistency::Leased
                 && op.limit.algorithm != Algorithm::Concurrency
                 && batch.admission != Admission::Never
+                && op.hits != 0
         };
         if !batch.ops.iter().any(leasing) {
             return self.shared.inner.apply(batch).await;
         }
         self.shared.start();
+        if batch.ops.iter().all(|op| leasing(op) && op.hits >= 0)
+            && let Some(applied) = self.shared.decide_in_hand(batch)
+        {
+            return Ok(applied);
+        }
         let mut local = Local {
             decisions: vec![None; batch.ops.len()],
             reserved: Vec::new(),
@@ -231,6 +240,10 @@ impl Leased {
                     }
                     Some(Outcome::Wait(flight)) => waits.push((i, flight.notified_owned())),
                     Some(Outcome::Lease(ask)) => round.lead(i, digest, op, ask),
+                    Some(Outcome::Exact) => {
+                        shared.totals.exact.fetch_add(1, Ordering::Relaxed);
+                        local.exact.push(i);
+                    }
                 }
             }
             if !round.asks.is_empty() {
@@ -371,7 +384,7 @@ impl Round {
             limit: block.limit,
             take: Take::GiveBack {
                 units,
-                leased_at: block.leased_at_store,
+                guard: block.guard,
             },
         });
         self.leads.push((None, digest));
@@ -410,6 +423,52 @@ impl Shared {
         }
     }
 
+    /// The common case, without a store call: every operation leased, charging, and its
+    /// block holding the units (or a refusal that covers it). `None` (nothing taken) when
+    /// one is not so: the request takes the general path.
+    fn decide_in_hand(&self, batch: &Batch) -> Option<Applied> {
+        let now = self.clock.now();
+        let mut decisions = Vec::with_capacity(batch.ops.len());
+        let mut reserved: Vec<(usize, Digest, u64, u64)> = Vec::new();
+        for (i, op) in batch.ops.iter().enumerate() {
+            let digest = self.digester.digest(&op.key);
+            let decided = self
+                .shard(&digest)
+                .lock()
+                .get_mut(&digest)
+                .filter(|block| block.limit == op.limit)
+                .and_then(|block| {
+                    let hits = op.hits as u64;
+                    block
+                        .take_in_hand(hits, now)
+                        .map(|(decision, taken)| (decision, taken, block.generation))
+                });
+            let Some((decision, taken, generation)) = decided else {
+                self.put_back(&reserved);
+                return None;
+            };
+            if taken > 0 {
+                reserved.push((i, digest, generation, taken));
+            }
+            decisions.push(decision);
+        }
+        let admitted = super::admitted(&batch.ops, &decisions, batch.admission);
+        if !admitted {
+            self.put_back(&reserved);
+        }
+        self.totals
+            .local
+            .fetch_add(batch.ops.len() as u64, Ordering::Relaxed);
+        Some(Applied {
+            decisions,
+            admitted,
+            degraded: false,
+            cached: Vec::new(),
+            decided_at: None,
+            calls: Calls::default(),
+        })
+    }
+
     /// What `op`'s block says at `now` (creating the block); `None` when no block can be
     /// made (the table is full): decided exactly. Units of an ended lease period join the
     /// round as a hand-back.
@@ -446,6 +505,12 @@ impl Shared {
         let outcome = block.take(op.hits as u64, now, instances, self.period);
         if let Outcome::Lease(_) = outcome {
             block.flight = Some(Arc::new(tokio::sync::Notify::new()));
+            if block.limit.algorithm == Algorithm::TokenBucket && block.units > 0 {
+                // Too few tokens for the request: they go back in the same call, ahead of
+                // the lease (a new block holds only what the bucket owes at its lease).
+                round.give_back(block, digest, block.units);
+                block.units = 0;
+            }
         }
         round.generation = block.generation;
         Some(outcome)

@@ -340,9 +340,9 @@ impl MemoryStore {
                         (units, t, units as i64)
                     }
                     Take::GiveBack { .. } => {
-                        let hits = ask.give_back_hits(now);
+                        let hits = ask.give_back_hits(current.as_ref(), now);
                         let t = algorithm::decide(current.as_ref(), &ask.limit, now, hits);
-                        (0, t, hits)
+                        (hits.unsigned_abs(), t, hits)
                     }
                 };
                 if hits != 0 {

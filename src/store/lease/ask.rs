@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{Algorithm, Ask, Decision, Limit, Micros};
+use crate::algorithm::{Algorithm, Ask, Decision, Limit, Micros, State};
 use crate::store::CounterKey;
 
 /// Leasing settings.
@@ -44,49 +44,48 @@ pub struct LeaseAsk {
 pub enum Take {
     /// Units for this instance's block (see [`crate::algorithm::lease`]).
     Lease(Ask),
-    /// Unused units back to the counter. `leased_at` is the store time of the lease: a
-    /// windowed counter whose window has moved on since is left alone (the units died with
-    /// their window).
+    /// Unused units back to the counter, if it is still as the lease left it: a windowed
+    /// counter in the window `guard` starts (the units died with their window otherwise); a
+    /// token bucket whose arrival time is still `guard` (µs), the one the lease left. Tokens
+    /// go back only while no other charge came after them: another instance's block was
+    /// sized on the debt they are part of.
     GiveBack {
         /// Units handed back.
         units: u64,
-        /// Store time (µs) of the lease they came from.
-        leased_at: Micros,
+        /// See above.
+        guard: Micros,
     },
 }
 
 impl LeaseAsk {
-    /// For a hand-back: the window start the counter must still be in, where the algorithm
-    /// has windows (`None`: a token bucket, whose returned tokens never exceed the burst).
+    /// For a hand-back: its guard (see [`Take::GiveBack`]).
     pub fn guard(&self) -> Option<Micros> {
         match self.take {
-            Take::GiveBack { leased_at, .. }
-                if matches!(
-                    self.limit.algorithm,
-                    Algorithm::FixedWindow | Algorithm::SlidingWindow
-                ) && self.limit.window > 0 =>
-            {
-                Some(leased_at - leased_at % self.limit.window)
-            }
-            _ => None,
+            Take::GiveBack { guard, .. } => Some(guard),
+            Take::Lease(_) => None,
         }
     }
 
-    /// The hits to apply for a hand-back, negative; 0 for a lease or when the window has
-    /// moved on since (at store time `now`).
-    pub fn give_back_hits(&self, now: Micros) -> i64 {
-        match self.take {
-            Take::GiveBack { units, .. } => {
-                let stale = self
-                    .guard()
-                    .is_some_and(|start| now - now % self.limit.window != start);
-                if stale {
-                    0
-                } else {
-                    -(units.min(i64::MAX as u64) as i64)
-                }
+    /// The hits to apply for a hand-back to a counter in `state` at store time `now`:
+    /// negative, or 0 when the counter is no longer as the lease left it (or for a lease).
+    pub fn give_back_hits(&self, state: Option<&State>, now: Micros) -> i64 {
+        let Take::GiveBack { units, guard } = self.take else {
+            return 0;
+        };
+        let current = match (self.limit.algorithm, state) {
+            (Algorithm::FixedWindow | Algorithm::SlidingWindow, _) if self.limit.window > 0 => {
+                now - now % self.limit.window == guard
             }
-            Take::Lease(_) => 0,
+            // Within a microsecond: the store keeps the arrival time as a float.
+            (Algorithm::TokenBucket, Some(State::TokenBucket(b))) => {
+                (b.tat - guard as f64).abs() <= 1.0
+            }
+            _ => false,
+        };
+        if current {
+            -(units.min(i64::MAX as u64) as i64)
+        } else {
+            0
         }
     }
 }
@@ -94,7 +93,8 @@ impl LeaseAsk {
 /// A shared store's answer to one [`LeaseAsk`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
-    /// Units taken for the block (0: refused, or a hand-back).
+    /// Units taken for the block (0: refused); for a hand-back, the units handed back (0:
+    /// the counter was no longer as the lease left it).
     pub units: u64,
     /// The counter's answer for the ask's need (allowed when units were taken).
     pub decision: Decision,

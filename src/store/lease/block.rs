@@ -19,14 +19,15 @@ pub(super) struct Block {
     pub(super) units: u64,
     /// Hits admitted from this block's leases (net of refunds): what refunds may give back.
     used: u64,
-    /// Hits admitted since the last lease: the instance's recent rate.
-    used_since_lease: u64,
+    /// Hits asked of this block since the last lease: the instance's recent rate.
+    asked_since_lease: u64,
     /// Hits per second this instance admitted on the counter, smoothed over leases.
     rate: f64,
     /// Local time of the last lease.
     leased_at: Micros,
-    /// Store time of the last lease: a hand-back names its window.
-    pub(super) leased_at_store: Micros,
+    /// What a hand-back must find the counter still at (see `Take::GiveBack`): the
+    /// window's start, or the bucket's arrival time the last lease left.
+    pub(super) guard: Micros,
     /// Local time after which the units may no longer be admitted: the lease period's end or
     /// the window's, whichever comes first.
     pub(super) ends_at: Micros,
@@ -67,6 +68,9 @@ pub(super) enum Outcome {
     Wait(Arc<Notify>),
     /// Not enough units: take a lease with this ask (the caller leads the flight).
     Lease(Ask),
+    /// Not worth a lease (the recent rate asks for no more than these hits): decided by
+    /// the shared store as an exact charge.
+    Exact,
 }
 
 impl Block {
@@ -76,10 +80,10 @@ impl Block {
             limit,
             units: 0,
             used: 0,
-            used_since_lease: 0,
+            asked_since_lease: 0,
             rate: 0.0,
             leased_at: now,
-            leased_at_store: 0,
+            guard: 0,
             ends_at: now,
             window_ends_at: now,
             shared_left: 0,
@@ -130,10 +134,11 @@ impl Block {
             };
         }
         self.evaporate(now);
+        let asked_before = self.asked_since_lease;
+        self.asked_since_lease += hits;
         if now < self.ends_at && self.units >= hits {
             self.units -= hits;
             self.used += hits;
-            self.used_since_lease += hits;
             return Outcome::Decided {
                 decision: self.allowed(now),
                 reserved: hits,
@@ -151,10 +156,24 @@ impl Block {
         if let Some(flight) = &self.flight {
             return Outcome::Wait(flight.clone());
         }
-        let units = if now < self.ends_at { self.units } else { 0 };
+        // A token bucket's leftover tokens are not added to a new block: each block may hold
+        // only what the bucket owed when it was taken (see `evaporate`).
+        let units = if now < self.ends_at && self.limit.algorithm != Algorithm::TokenBucket {
+            self.units
+        } else {
+            0
+        };
         let need = hits - units;
+        let want = self.want(asked_before, need, now, period);
+        if want <= need {
+            // This instance would use no more than the request's own hits in a lease
+            // period: a lease would be an exact charge in a call of its own. The shared
+            // store decides it exactly (in the calls it shares among requests), and the
+            // hits count toward the rate that sizes a later lease.
+            return Outcome::Exact;
+        }
         Outcome::Lease(Ask {
-            want: self.want(need, now, period),
+            want,
             need,
             instances,
         })
@@ -174,12 +193,35 @@ impl Block {
         self.units = self.units.min(owed);
     }
 
+    /// Decides `hits` (> 0) from what the block holds at `now`, changing nothing else: the
+    /// decision and the hits taken, or `None` when that takes a lease (or a wait, or a
+    /// hand-back first).
+    pub(super) fn take_in_hand(&mut self, hits: u64, now: Micros) -> Option<(Decision, u64)> {
+        if now >= self.ends_at || hits == 0 {
+            return None;
+        }
+        self.touched_at = now;
+        self.evaporate(now);
+        if self.units >= hits {
+            self.asked_since_lease += hits;
+            self.units -= hits;
+            self.used += hits;
+            return Some((self.allowed(now), hits));
+        }
+        match self.refused {
+            Some(refused) if now < refused.until && hits >= refused.need => {
+                Some((refused.decision_at(now), 0))
+            }
+            _ => None,
+        }
+    }
+
     /// What to ask for: what this instance would admit in one lease period at its recent
     /// rate, at least `need`, at most the counter's capacity.
-    fn want(&mut self, need: u64, now: Micros, period: Micros) -> u64 {
+    fn want(&mut self, asked: u64, need: u64, now: Micros, period: Micros) -> u64 {
         let elapsed = now.saturating_sub(self.leased_at).max(1_000);
-        if self.used_since_lease > 0 {
-            let recent = self.used_since_lease as f64 * SECOND as f64 / elapsed as f64;
+        if asked > 0 {
+            let recent = asked as f64 * SECOND as f64 / elapsed as f64;
             // A rate from one short block is noisy; half the weight to the past.
             self.rate = if self.rate == 0.0 {
                 recent
@@ -208,8 +250,9 @@ impl Block {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => self.limit.window_left(grant.now),
             _ => Micros::MAX,
         };
-        if now >= self.ends_at {
-            // The old block is over (its units were handed back or died): start again.
+        if now >= self.ends_at || self.limit.algorithm == Algorithm::TokenBucket {
+            // The old block is over (its units were handed back or died), or a token
+            // bucket's leftover, which the bucket refills: start again.
             self.generation += 1;
             self.units = 0;
             if now >= self.window_ends_at {
@@ -217,8 +260,11 @@ impl Block {
             }
         }
         self.leased_at = now;
-        self.leased_at_store = grant.now;
-        self.used_since_lease = 0;
+        self.guard = match self.limit.algorithm {
+            Algorithm::TokenBucket => grant.now.saturating_add(grant.decision.reset_after),
+            _ => grant.now - grant.now % self.limit.window.max(1),
+        };
+        self.asked_since_lease = 0;
         self.window_ends_at = asked.saturating_add(window_left);
         self.ends_at = now.saturating_add(period).min(self.window_ends_at);
         // From when the call was sent: the store's instant is no earlier, so this is no later.
@@ -246,7 +292,6 @@ impl Block {
             // The leader's hits, from the units just taken for them.
             self.units -= hits;
             self.used += hits;
-            self.used_since_lease += hits;
             return (self.allowed(now), hits);
         }
         let refused = Decision {
@@ -264,7 +309,6 @@ impl Block {
         }
         let back = hits.min(self.used);
         self.used -= back;
-        self.used_since_lease = self.used_since_lease.saturating_sub(back);
         self.units += back;
         back
     }
@@ -342,28 +386,31 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_block_asks_for_the_hits_then_admits_from_its_units() {
-        let mut b = block(100);
-        let Outcome::Lease(ask) = b.take(1, 0, 1, SECOND) else {
-            panic!("a fresh block has no units");
+    fn a_key_seen_once_is_exact_a_busy_one_leases_then_admits_from_its_units() {
+        let mut b = block(1000);
+        // No rate yet: a lease would be the hit itself.
+        assert!(matches!(b.take(1, 0, 1, SECOND), Outcome::Exact));
+        // A second hit 10 ms later: 100 a second, 100 for a lease period.
+        let Outcome::Lease(ask) = b.take(1, 10_000, 1, SECOND) else {
+            panic!("a busy key leases");
         };
-        assert_eq!((ask.want, ask.need), (1, 1));
+        assert_eq!((ask.want, ask.need), (100, 1));
         b.flight = Some(Arc::new(Notify::new()));
-        assert!(matches!(b.take(1, 0, 1, SECOND), Outcome::Wait(_)));
-        let (d, reserved) = b.install(&grant(10, 90, 0), 1, (0, 0), SECOND);
+        assert!(matches!(b.take(1, 10_000, 1, SECOND), Outcome::Wait(_)));
+        let (d, reserved) = b.install(&grant(10, 990, 0), 1, (10_000, 10_000), SECOND);
         assert!(d.allowed);
-        assert_eq!((reserved, b.units, d.remaining), (1, 9, 99));
+        assert_eq!((reserved, b.units, d.remaining), (1, 9, 999));
         for _ in 0..9 {
             assert!(matches!(
-                b.take(1, 10, 1, SECOND),
+                b.take(1, 10_010, 1, SECOND),
                 Outcome::Decided { reserved: 1, .. }
             ));
         }
         // Ten hits in 10 µs (counted as 1 ms): the next ask is sized for a second of that.
-        let Outcome::Lease(ask) = b.take(1, 10, 1, SECOND) else {
+        let Outcome::Lease(ask) = b.take(1, 10_010, 1, SECOND) else {
             panic!("the block is used up");
         };
-        assert_eq!(ask.want, 100);
+        assert_eq!(ask.want, 1000);
     }
 
     #[test]
@@ -375,7 +422,10 @@ mod tests {
             b.take(1, SECOND - 1, 1, SECOND),
             Outcome::Decided { decision, .. } if !decision.allowed
         ));
-        assert!(matches!(b.take(1, SECOND, 1, SECOND), Outcome::Lease(_)));
+        assert!(matches!(
+            b.take(1, SECOND, 1, SECOND),
+            Outcome::Lease(_) | Outcome::Exact
+        ));
     }
 
     #[test]

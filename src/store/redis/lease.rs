@@ -163,6 +163,8 @@ fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
     values[args::WINDOW] = clamp(ask.limit.window);
     values[args::BURST] = clamp(ask.limit.burst);
     values[args::GUARD] = ask.guard().map_or(-1, clamp);
+    // (A hand-back names what the counter must still be at: its window's start, or the
+    // bucket's arrival time the lease left; lua/lease.lua checks it.)
     match ask.take {
         Take::Lease(want) => {
             values[args::WANT] = clamp(want.want);

@@ -8,14 +8,17 @@
 -- ARGV[..] eight values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
 --          4 concurrency), limit, window (µs), burst, want (the most units to take; negative:
 --          that many units handed back), need (the fewest worth taking), instances (those
---          sharing the counter recently), guard (for a hand-back: the window start it must
---          still be in, or -1)
--- Returns  {now, then per ask: units taken, 1 if the ask's need is admitted (else 0),
+--          sharing the counter recently), guard (for a hand-back: what the counter must
+--          still be at, or it is left alone: the window start it must still be in; for a
+--          token bucket, the arrival time the lease left, within a microsecond: tokens go
+--          back only while no charge came after them)
+-- Returns  {now, then per ask: units taken (for a hand-back: units handed back), 1 if the
+--          ask's need is admitted (else 0),
 --          remaining, reset_after, retry_after (-1: none)}, times in microseconds
 -- The argument layout, defined once in Rust (`mod args` in src/store/redis/lease.rs).
 local PER_ASK = 8
 local ALGORITHM, LIMIT, WINDOW, BURST, WANT, NEED, INSTANCES, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
-local CONCURRENCY = 4
+local TOKEN_BUCKET, CONCURRENCY = 3, 4
 
 local steps = { fixed_window, sliding_window, token_bucket, concurrency }
 local decoders = {
@@ -47,9 +50,24 @@ for k = 1, #KEYS do
   end
   local units, allowed, remaining, reset, retry, next_state, expires
   if want < 0 then
+    -- A hand-back, if the counter is still as the lease left it (mirrors
+    -- LeaseAsk::give_back_hits): in the lease's window; a token bucket at the arrival time
+    -- the lease left, within a microsecond.
+    local guard, intact = tonumber(ARGV[a + GUARD]), false
+    if algorithm == TOKEN_BUCKET then
+      intact = st and math.abs(st[1] - guard) <= 1
+    else
+      intact = now - (now % window) == guard
+    end
     units = 0
-    allowed, remaining, reset, retry, next_state, expires = step(
-      st, limit, window, burst, now, want, tonumber(ARGV[a + GUARD]))
+    if intact then
+      allowed, remaining, reset, retry, next_state, expires = step(
+        st, limit, window, burst, now, want, -1)
+      units = -want
+    else
+      allowed, remaining, reset, retry = step(st, limit, window, burst, now, 0, -1)
+      next_state = nil
+    end
   else
     -- What the counter would still admit; a block is at most a share of it.
     local ok, left = step(st, limit, window, burst, now, 0, -1)
