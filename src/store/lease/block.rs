@@ -10,6 +10,10 @@ use super::ask::Grant;
 use crate::algorithm::{Algorithm, Ask, Decision, Limit, Micros, SECOND};
 use crate::store::CounterKey;
 
+/// A lease is worth a call of its own when the instance expects at least this many more
+/// hits than the request's in a lease period; below it, hits are decided exactly.
+const MIN_GAIN: u64 = 8;
+
 /// A counter's block.
 #[derive(Debug)]
 pub(super) struct Block {
@@ -165,11 +169,11 @@ impl Block {
         };
         let need = hits - units;
         let want = self.want(asked_before, need, now, period);
-        if want <= need {
-            // This instance would use no more than the request's own hits in a lease
-            // period: a lease would be an exact charge in a call of its own. The shared
-            // store decides it exactly (in the calls it shares among requests), and the
-            // hits count toward the rate that sizes a later lease.
+        if want < need.saturating_add(MIN_GAIN) {
+            // This instance would use few more than the request's own hits in a lease
+            // period: a lease would cost a call of its own for little. The shared store
+            // decides them exactly (in the calls it shares among requests), and the hits
+            // count toward the rate that sizes a later lease.
             return Outcome::Exact;
         }
         Outcome::Lease(Ask {
