@@ -29,11 +29,12 @@
 
 mod ask;
 mod block;
+mod sweep;
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -41,6 +42,7 @@ use parking_lot::Mutex;
 
 pub use ask::{Grant, LeaseAsk, LeaseOptions, Take};
 use block::{Block, Outcome};
+pub use sweep::{BlockView, LeaseStatus};
 
 use super::digest::{Digest, DigestHasher, Digester};
 use super::{
@@ -95,49 +97,6 @@ struct Totals {
     units_returned: AtomicU64,
     local: AtomicU64,
     exact: AtomicU64,
-}
-
-/// What the leasing layer reports in [`StoreStatus::leases`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LeaseStatus {
-    /// This instance's name in the count of instances.
-    pub instance: String,
-    /// Instances taking leases recently, this one included.
-    pub instances: u64,
-    /// Counters this instance holds a block for.
-    pub blocks: u64,
-    /// Units leased and not admitted yet, over all blocks (as of the last sweep).
-    pub outstanding: u64,
-    /// Lease calls made (leases and hand-backs).
-    pub calls: u64,
-    /// Leases granted.
-    pub leases: u64,
-    /// Leases refused (nothing left).
-    pub refused: u64,
-    /// Units taken from shared counters.
-    pub units_leased: u64,
-    /// Units handed back to shared counters.
-    pub units_returned: u64,
-    /// Decisions made from a block, without a store call.
-    pub local_decisions: u64,
-    /// Leased counters decided exactly instead (the lease failed, the table was full, or
-    /// the request waited too long).
-    pub exact_decisions: u64,
-    /// The largest blocks, largest first.
-    pub top: Vec<BlockView>,
-}
-
-/// One block, for `/rlconfig`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockView {
-    /// The counter's key.
-    pub key: String,
-    /// Its algorithm.
-    pub algorithm: Algorithm,
-    /// Units in hand.
-    pub units: u64,
-    /// Time until the block ends (its units go back or die).
-    pub ends_in: Micros,
 }
 
 /// A request's leased decisions so far.
@@ -269,30 +228,7 @@ impl Leased {
     /// decisions leave it; then the request's answer, and its reserved units back to their
     /// blocks when it is refused.
     async fn finish(&self, batch: &Batch, mut local: Local) -> Result<Applied, StoreError> {
-        let leased: Vec<usize> = (0..batch.ops.len())
-            .filter(|i| local.decisions[*i].is_some())
-            .collect();
-        let decided = |i: &usize| local.decisions[*i].expect("decided");
-        let enforce_over = leased
-            .iter()
-            .any(|i| batch.ops[*i].role == Role::Enforce && !decided(i).allowed);
-        let quota: Vec<bool> = leased
-            .iter()
-            .filter(|i| batch.ops[**i].role == Role::Quota)
-            .map(|i| decided(i).allowed)
-            .collect();
-        let quota_met = quota.iter().any(|a| *a);
-        let inner_quota = local
-            .exact
-            .iter()
-            .any(|i| batch.ops[*i].role == Role::Quota);
-        // Every quota counter over, all of them leased: the request is over.
-        let quota_over = !quota.is_empty() && !quota_met && !inner_quota;
-        let rejected = enforce_over || quota_over;
-        let admission = match batch.admission {
-            Admission::ByRule if rejected => Admission::Never,
-            admission => admission,
-        };
+        let verdict = Verdict::of(batch, &local);
         let mut ops: Vec<CounterOp> = local
             .exact
             .iter()
@@ -300,7 +236,7 @@ impl Leased {
                 let mut op = batch.ops[i].clone();
                 // A leased quota counter within its limit: the request cannot be over by
                 // quota, so the others only count.
-                if quota_met && op.role == Role::Quota {
+                if verdict.quota_met && op.role == Role::Quota {
                     op.role = Role::Shadow;
                 }
                 op
@@ -312,7 +248,10 @@ impl Leased {
         } else {
             let rest = Batch {
                 ops,
-                admission,
+                admission: match batch.admission {
+                    Admission::ByRule if verdict.rejected => Admission::Never,
+                    admission => admission,
+                },
                 deadline: batch.deadline,
                 charged_at: batch.charged_at,
             };
@@ -327,29 +266,69 @@ impl Leased {
         let admitted = match batch.admission {
             Admission::Always => true,
             Admission::Never => false,
-            Admission::ByRule => !rejected && inner.as_ref().is_none_or(|a| a.admitted),
+            Admission::ByRule => !verdict.rejected && inner.as_ref().is_none_or(|a| a.admitted),
         };
         if !admitted {
             self.shared.put_back(&local.reserved);
         }
+        local.answer(admitted, inner)
+    }
+}
+
+/// What the leased decisions alone say about a request.
+struct Verdict {
+    /// Refused whatever the rest says: an enforced leased counter over, or every quota
+    /// counter over and all of them leased.
+    rejected: bool,
+    /// A leased quota counter within its limit: the request cannot be over by quota.
+    quota_met: bool,
+}
+
+impl Verdict {
+    fn of(batch: &Batch, local: &Local) -> Self {
+        let leased = || {
+            batch
+                .ops
+                .iter()
+                .zip(&local.decisions)
+                .filter_map(|(op, d)| d.map(|d| (op.role, d.allowed)))
+        };
+        let enforce_over = leased().any(|(role, allowed)| role == Role::Enforce && !allowed);
+        let mut quota = leased().filter(|(role, _)| *role == Role::Quota).peekable();
+        let any_quota = quota.peek().is_some();
+        let quota_met = quota.any(|(_, allowed)| allowed);
+        let inner_quota = local
+            .exact
+            .iter()
+            .any(|i| batch.ops[*i].role == Role::Quota);
+        Self {
+            rejected: enforce_over || (any_quota && !quota_met && !inner_quota),
+            quota_met,
+        }
+    }
+}
+
+impl Local {
+    /// The request's answer: the leased decisions and the shared store's for the rest.
+    fn answer(mut self, admitted: bool, inner: Option<Applied>) -> Result<Applied, StoreError> {
         let mut applied = Applied {
             decisions: Vec::new(),
             admitted,
             degraded: false,
             cached: Vec::new(),
             decided_at: None,
-            calls: local.calls,
+            calls: self.calls,
         };
         if let Some(inner) = inner {
-            for (&i, d) in local.exact.iter().zip(&inner.decisions) {
-                local.decisions[i] = Some(*d);
+            for (&i, d) in self.exact.iter().zip(&inner.decisions) {
+                self.decisions[i] = Some(*d);
             }
-            applied.cached = inner.cached.iter().map(|&k| local.exact[k]).collect();
+            applied.cached = inner.cached.iter().map(|&k| self.exact[k]).collect();
             applied.degraded = inner.degraded;
             applied.decided_at = inner.decided_at;
-            applied.calls = inner.calls.and(local.calls);
+            applied.calls = inner.calls.and(self.calls);
         }
-        applied.decisions = local
+        applied.decisions = self
             .decisions
             .into_iter()
             .map(|d| d.ok_or_else(|| StoreError::Internal("a counter got no decision".into())))
@@ -419,7 +398,7 @@ impl Shared {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(sweeper(Arc::downgrade(self)));
+            runtime.spawn(sweep::sweeper(Arc::downgrade(self)));
         }
     }
 
@@ -612,119 +591,6 @@ impl Shared {
                 block.give_back(*hits, *generation);
             }
         }
-    }
-
-    /// Hands back the units of every block whose lease period ended (`all`: of every block,
-    /// at shutdown), drops idle blocks and refreshes the view for `status`. Returns the units
-    /// handed back.
-    async fn sweep(&self, all: bool) -> u64 {
-        let now = self.clock.now();
-        let mut round = Round::default();
-        let (mut outstanding, mut top) = (0u64, Vec::new());
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock();
-            let before = shard.len();
-            shard.retain(|digest, block| {
-                if all {
-                    block.ends_at = block.ends_at.min(now);
-                }
-                let back = block.expire(now);
-                if back > 0 {
-                    round.give_back(block, *digest, back);
-                }
-                if block.idle(now, 2 * self.period) {
-                    return false;
-                }
-                outstanding += block.units;
-                if block.units > 0 {
-                    top.push(BlockView {
-                        key: block.key.to_string(),
-                        algorithm: block.limit.algorithm,
-                        units: block.units,
-                        ends_in: block.ends_at.saturating_sub(now),
-                    });
-                }
-                true
-            });
-            self.blocks
-                .fetch_sub(before - shard.len(), Ordering::Relaxed);
-            if top.len() > 4 * LISTED_BLOCKS {
-                top.sort_by_key(|b| std::cmp::Reverse(b.units));
-                top.truncate(LISTED_BLOCKS);
-            }
-        }
-        top.sort_by_key(|b| std::cmp::Reverse(b.units));
-        top.truncate(LISTED_BLOCKS);
-        *self.view.lock() = (outstanding, top);
-        let mut returned = 0;
-        for chunk in round.asks.chunks(GIVE_BACKS_PER_CALL) {
-            self.totals.calls.fetch_add(1, Ordering::Relaxed);
-            if self.inner.lease(chunk).await.is_ok() {
-                let units: u64 = chunk
-                    .iter()
-                    .map(|a| match a.take {
-                        Take::GiveBack { units, .. } => units,
-                        Take::Lease(_) => 0,
-                    })
-                    .sum();
-                self.totals
-                    .units_returned
-                    .fetch_add(units, Ordering::Relaxed);
-                returned += units;
-            }
-        }
-        returned
-    }
-
-    /// Records this instance with the store and learns how many take leases.
-    async fn count_instances(&self) {
-        let within = (self.options.period * 3).max(Duration::from_secs(3));
-        if let Ok(n) = self.inner.instances(&self.options.instance, within).await {
-            self.instances.store(n.max(1), Ordering::Relaxed);
-        }
-    }
-
-    fn status(&self) -> LeaseStatus {
-        let (outstanding, top) = self.view.lock().clone();
-        let t = &self.totals;
-        LeaseStatus {
-            instance: self.options.instance.clone(),
-            instances: self.instances.load(Ordering::Relaxed),
-            blocks: self.blocks.load(Ordering::Relaxed) as u64,
-            outstanding,
-            calls: t.calls.load(Ordering::Relaxed),
-            leases: t.leases.load(Ordering::Relaxed),
-            refused: t.refused.load(Ordering::Relaxed),
-            units_leased: t.units_leased.load(Ordering::Relaxed),
-            units_returned: t.units_returned.load(Ordering::Relaxed),
-            local_decisions: t.local.load(Ordering::Relaxed),
-            exact_decisions: t.exact.load(Ordering::Relaxed),
-            top,
-        }
-    }
-}
-
-/// Sweeps every quarter lease period (at least once a second: the view for `status`) and
-/// counts the instances once a lease period (at most once a second); stops when the layer is
-/// dropped.
-async fn sweeper(shared: Weak<Shared>) {
-    let Some(period) = shared.upgrade().map(|s| s.options.period) else {
-        return;
-    };
-    let sweep_every = (period / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-    let count_every = period.max(Duration::from_secs(1));
-    let mut last_count: Option<tokio::time::Instant> = None;
-    loop {
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        if last_count.is_none_or(|t| t.elapsed() >= count_every) {
-            last_count = Some(tokio::time::Instant::now());
-            shared.count_instances().await;
-        }
-        shared.sweep(false).await;
-        drop(shared);
-        tokio::time::sleep(sweep_every).await;
     }
 }
 

@@ -1,0 +1,167 @@
+//! The background half of leasing: hand-backs when lease periods end (and at shutdown),
+//! idle blocks dropped, the count of instances, and the view `status` reports.
+
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{GIVE_BACKS_PER_CALL, LISTED_BLOCKS, Round, Shared, Take};
+use crate::algorithm::{Algorithm, Micros};
+
+/// What the leasing layer reports in [`StoreStatus::leases`](crate::store::StoreStatus::leases).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// This instance's name in the count of instances.
+    pub instance: String,
+    /// Instances taking leases recently, this one included.
+    pub instances: u64,
+    /// Counters this instance holds a block for.
+    pub blocks: u64,
+    /// Units leased and not admitted yet, over all blocks (as of the last sweep).
+    pub outstanding: u64,
+    /// Lease calls made (leases and hand-backs).
+    pub calls: u64,
+    /// Leases granted.
+    pub leases: u64,
+    /// Leases refused (nothing left).
+    pub refused: u64,
+    /// Units taken from shared counters.
+    pub units_leased: u64,
+    /// Units handed back to shared counters.
+    pub units_returned: u64,
+    /// Decisions made from a block, without a store call.
+    pub local_decisions: u64,
+    /// Leased counters decided exactly instead (the lease failed, the table was full, or
+    /// the request waited too long).
+    pub exact_decisions: u64,
+    /// The largest blocks, largest first.
+    pub top: Vec<BlockView>,
+}
+
+/// One block, for `/rlconfig`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockView {
+    /// The counter's key.
+    pub key: String,
+    /// Its algorithm.
+    pub algorithm: Algorithm,
+    /// Units in hand.
+    pub units: u64,
+    /// Time until the block ends (its units go back or die).
+    pub ends_in: Micros,
+}
+
+impl Shared {
+    /// Hands back the units of every block whose lease period ended (`all`: of every block,
+    /// at shutdown), drops idle blocks and refreshes the view for `status`. Returns the units
+    /// handed back.
+    pub(super) async fn sweep(&self, all: bool) -> u64 {
+        let now = self.clock.now();
+        let mut round = Round::default();
+        let (mut outstanding, mut top) = (0u64, Vec::new());
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let before = shard.len();
+            shard.retain(|digest, block| {
+                if all {
+                    block.ends_at = block.ends_at.min(now);
+                }
+                let back = block.expire(now);
+                if back > 0 {
+                    round.give_back(block, *digest, back);
+                }
+                if block.idle(now, 2 * self.period) {
+                    return false;
+                }
+                outstanding += block.units;
+                if block.units > 0 {
+                    top.push(BlockView {
+                        key: block.key.to_string(),
+                        algorithm: block.limit.algorithm,
+                        units: block.units,
+                        ends_in: block.ends_at.saturating_sub(now),
+                    });
+                }
+                true
+            });
+            self.blocks
+                .fetch_sub(before - shard.len(), Ordering::Relaxed);
+            if top.len() > 4 * LISTED_BLOCKS {
+                top.sort_by_key(|b| std::cmp::Reverse(b.units));
+                top.truncate(LISTED_BLOCKS);
+            }
+        }
+        top.sort_by_key(|b| std::cmp::Reverse(b.units));
+        top.truncate(LISTED_BLOCKS);
+        *self.view.lock() = (outstanding, top);
+        let mut returned = 0;
+        for chunk in round.asks.chunks(GIVE_BACKS_PER_CALL) {
+            self.totals.calls.fetch_add(1, Ordering::Relaxed);
+            if self.inner.lease(chunk).await.is_ok() {
+                let units: u64 = chunk
+                    .iter()
+                    .map(|a| match a.take {
+                        Take::GiveBack { units, .. } => units,
+                        Take::Lease(_) => 0,
+                    })
+                    .sum();
+                self.totals
+                    .units_returned
+                    .fetch_add(units, Ordering::Relaxed);
+                returned += units;
+            }
+        }
+        returned
+    }
+
+    /// Records this instance with the store and learns how many take leases.
+    async fn count_instances(&self) {
+        let within = (self.options.period * 3).max(Duration::from_secs(3));
+        if let Ok(n) = self.inner.instances(&self.options.instance, within).await {
+            self.instances.store(n.max(1), Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn status(&self) -> LeaseStatus {
+        let (outstanding, top) = self.view.lock().clone();
+        let t = &self.totals;
+        LeaseStatus {
+            instance: self.options.instance.clone(),
+            instances: self.instances.load(Ordering::Relaxed),
+            blocks: self.blocks.load(Ordering::Relaxed) as u64,
+            outstanding,
+            calls: t.calls.load(Ordering::Relaxed),
+            leases: t.leases.load(Ordering::Relaxed),
+            refused: t.refused.load(Ordering::Relaxed),
+            units_leased: t.units_leased.load(Ordering::Relaxed),
+            units_returned: t.units_returned.load(Ordering::Relaxed),
+            local_decisions: t.local.load(Ordering::Relaxed),
+            exact_decisions: t.exact.load(Ordering::Relaxed),
+            top,
+        }
+    }
+}
+
+/// Sweeps every quarter lease period (at least once a second: the view for `status`) and
+/// counts the instances once a lease period (at most once a second); stops when the layer is
+/// dropped.
+pub(super) async fn sweeper(shared: Weak<Shared>) {
+    let Some(period) = shared.upgrade().map(|s| s.options.period) else {
+        return;
+    };
+    let sweep_every = (period / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let count_every = period.max(Duration::from_secs(1));
+    let mut last_count: Option<tokio::time::Instant> = None;
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if last_count.is_none_or(|t| t.elapsed() >= count_every) {
+            last_count = Some(tokio::time::Instant::now());
+            shared.count_instances().await;
+        }
+        shared.sweep(false).await;
+        drop(shared);
+        tokio::time::sleep(sweep_every).await;
+    }
+}
