@@ -263,3 +263,39 @@ async fn a_dead_per_second_redis_leaves_the_main_redis_exact() {
         "{page}"
     );
 }
+
+#[tokio::test]
+async fn leases_go_to_the_redis_their_counter_lives_on() {
+    use sluice::algorithm::Ask;
+    use sluice::store::{LeaseAsk, Take};
+    let p = pair();
+    let ask = |name: &str, window: Micros| {
+        let op = op(name, window, 100, 1, Role::Enforce);
+        LeaseAsk {
+            key: op.key,
+            limit: op.limit,
+            take: Take::Lease(Ask {
+                want: 30,
+                need: 1,
+                instances: 1,
+            }),
+        }
+    };
+    let grants = p
+        .store
+        .lease(&[ask("hourly-lease", HOUR), ask("fast-lease", SECOND)])
+        .await
+        .unwrap();
+    // Each granted what the share allows (half of what is left, one instance) up to the ask.
+    assert_eq!(grants.iter().map(|g| g.units).collect::<Vec<_>>(), [30, 30]);
+    assert_eq!(
+        (keys(&p.main, "hourly-lease"), keys(&p.main, "fast-lease")),
+        (1, 0)
+    );
+    assert_eq!(
+        (keys(&p.fast, "hourly-lease"), keys(&p.fast, "fast-lease")),
+        (0, 1)
+    );
+    assert_eq!(left(&p.store, "hourly-lease", HOUR, 100).await, 70);
+    assert_eq!(left(&p.store, "fast-lease", SECOND, 100).await, 70);
+}

@@ -394,7 +394,8 @@ impl Shared {
 
     /// Starts the sweeper and the count of instances, once.
     fn start(self: &Arc<Self>) {
-        if self.started.swap(true, Ordering::AcqRel) {
+        // Read first: a write on every request would bounce the line between cores.
+        if self.started.load(Ordering::Relaxed) || self.started.swap(true, Ordering::AcqRel) {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
