@@ -277,13 +277,14 @@ impl Block {
         if grant.units == 0 {
             self.refused = Some(Refused {
                 need: hits.saturating_sub(self.units).max(1),
-                // Refused for at most a lease period: units others hand back become visible.
+                // Refused here for a quarter lease period at most: units other instances hand
+                // back (their blocks end a lease period after they were taken) are seen soon.
                 until: now.saturating_add(
                     grant
                         .decision
                         .retry_after
                         .unwrap_or(grant.decision.reset_after)
-                        .min(period),
+                        .min(period / 4),
                 ),
                 decision: grant.decision,
                 at: now,
@@ -418,16 +419,16 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_answers_here_for_a_lease_period_at_most() {
+    fn a_refusal_answers_here_for_a_quarter_lease_period_at_most() {
         let mut b = block(10);
         let (d, _) = b.install(&grant(0, 0, 0), 1, (0, 0), SECOND);
         assert!(!d.allowed);
         assert!(matches!(
-            b.take(1, SECOND - 1, 1, SECOND),
+            b.take(1, SECOND / 4 - 1, 1, SECOND),
             Outcome::Decided { decision, .. } if !decision.allowed
         ));
         assert!(matches!(
-            b.take(1, SECOND, 1, SECOND),
+            b.take(1, SECOND / 4, 1, SECOND),
             Outcome::Lease(_) | Outcome::Exact
         ));
     }
