@@ -27,6 +27,38 @@ impl Clock for SystemClock {
     }
 }
 
+/// Microseconds since the Unix epoch as the wall clock read at start-up, moved on by a
+/// monotonic clock: for measuring durations (leased blocks' lifetimes), which a wall clock
+/// stepped back or forward (NTP) must not stretch or cut.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicClock {
+    start: std::time::Instant,
+    start_micros: Micros,
+}
+
+impl MonotonicClock {
+    /// A clock reading the wall clock's time now.
+    pub fn new() -> Self {
+        Self {
+            start: std::time::Instant::now(),
+            start_micros: SystemClock.now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Micros {
+        self.start_micros
+            .saturating_add(self.start.elapsed().as_micros() as Micros)
+    }
+}
+
 /// A clock that only moves when told to; for tests.
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicU64);

@@ -72,8 +72,13 @@ pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn St
             };
             // Leased rules take blocks from the shared counters (the layer passes every
             // other request through untouched).
+            // Blocks live for durations: a monotonic clock, which NTP cannot stretch.
+            let durations: Arc<dyn Clock> = match time {
+                Time::System => Arc::new(crate::clock::MonotonicClock::new()),
+                Time::Pinned(clock) => clock.clone(),
+            };
             let store: Arc<dyn Store> =
-                Arc::new(Leased::new(store, settings.lease.clone(), clock.clone()));
+                Arc::new(Leased::new(store, settings.lease.clone(), durations));
             if settings.local_cache_keys > 0 {
                 let cache = OverLimitCache::new(store, settings.local_cache_keys, clock);
                 // Answers that arrive after their deadline still teach the cache.

@@ -49,4 +49,11 @@ impl Digester {
         let [a, b] = &self.0;
         Digest([a.hash_one(key.as_str()), b.hash_one(key.as_str())])
     }
+
+    /// The digest of a key together with two numbers (e.g. the limit a block leases under).
+    pub(crate) fn digest_with(&self, key: &CounterKey, numbers: [u64; 2]) -> Digest {
+        let [a, b] = &self.0;
+        let value = (key.as_str(), numbers);
+        Digest([a.hash_one(value), b.hash_one(value)])
+    }
 }

@@ -106,8 +106,9 @@ struct Local {
     reserved: Vec<(usize, Digest, u64, u64)>,
     /// Operations the shared store decides (not leased, or leasing failed).
     exact: Vec<usize>,
-    /// Refunds the blocks could not take, for the shared store (their decisions unused).
-    extra: Vec<CounterOp>,
+    /// Of `exact`, the leased refunds no block could take: read without charging (a refund
+    /// to the shared counter could free units that other instances hold).
+    peek: Vec<usize>,
     calls: Calls,
 }
 
@@ -159,7 +160,7 @@ impl Leased {
             decisions: vec![None; batch.ops.len()],
             reserved: Vec::new(),
             exact: Vec::new(),
-            extra: Vec::new(),
+            peek: Vec::new(),
             calls: Calls::default(),
         };
         let mut pending = Vec::new();
@@ -178,7 +179,7 @@ impl Leased {
     /// call per round, a few rounds of waiting for other requests' leases at most.
     async fn decide_leased(&self, batch: &Batch, mut pending: Vec<usize>, local: &mut Local) {
         let shared = &self.shared;
-        for _ in 0..MAX_ROUNDS {
+        for round_number in 1..=MAX_ROUNDS {
             if pending.is_empty() {
                 return;
             }
@@ -187,7 +188,7 @@ impl Leased {
             let mut round = Round::default();
             for &i in &pending {
                 let op = &batch.ops[i];
-                let digest = shared.digester.digest(&op.key);
+                let digest = shared.block_digest(op);
                 match shared.take(op, digest, now, &mut round) {
                     None => local.exact.push(i),
                     Some(Outcome::Decided { decision, reserved }) => {
@@ -197,7 +198,7 @@ impl Leased {
                         }
                         shared.totals.local.fetch_add(1, Ordering::Relaxed);
                     }
-                    Some(Outcome::Wait(flight)) => waits.push((i, flight.notified_owned())),
+                    Some(Outcome::Wait(notified)) => waits.push((i, notified)),
                     Some(Outcome::Lease(ask)) => round.lead(i, digest, op, ask),
                     Some(Outcome::Exact) => {
                         shared.totals.exact.fetch_add(1, Ordering::Relaxed);
@@ -210,10 +211,20 @@ impl Leased {
                 shared.lease_round(batch, round, now, local).await;
             }
             pending = waits.iter().map(|(i, _)| *i).collect();
+            if round_number == MAX_ROUNDS || pending.is_empty() {
+                // The last round's waiters are decided exactly, without waiting.
+                break;
+            }
+            // Another request's lease lands within the store's deadline; the caller's own
+            // deadline bounds the wait too.
+            let limit = batch.deadline.map_or(WAIT_LIMIT, |at| {
+                at.saturating_duration_since(tokio::time::Instant::now())
+                    .min(WAIT_LIMIT)
+            });
             join_all(
                 waits
                     .into_iter()
-                    .map(|(_, n)| tokio::time::timeout(WAIT_LIMIT, n)),
+                    .map(|(_, n)| tokio::time::timeout(limit, n)),
             )
             .await;
         }
@@ -227,9 +238,9 @@ impl Leased {
     /// The rest of the request through the shared store, with the admission the leased
     /// decisions leave it; then the request's answer, and its reserved units back to their
     /// blocks when it is refused.
-    async fn finish(&self, batch: &Batch, mut local: Local) -> Result<Applied, StoreError> {
+    async fn finish(&self, batch: &Batch, local: Local) -> Result<Applied, StoreError> {
         let verdict = Verdict::of(batch, &local);
-        let mut ops: Vec<CounterOp> = local
+        let ops: Vec<CounterOp> = local
             .exact
             .iter()
             .map(|&i| {
@@ -239,10 +250,12 @@ impl Leased {
                 if verdict.quota_met && op.role == Role::Quota {
                     op.role = Role::Shadow;
                 }
+                if local.peek.contains(&i) {
+                    op.hits = 0;
+                }
                 op
             })
             .collect();
-        ops.append(&mut local.extra);
         let inner = if ops.is_empty() {
             None
         } else {
@@ -388,6 +401,13 @@ impl Drop for Flights<'_> {
 }
 
 impl Shared {
+    /// A block per counter and limit: the classes of a `priorities` rule share one counter
+    /// with different limits, and each leases against its own.
+    fn block_digest(&self, op: &CounterOp) -> Digest {
+        self.digester
+            .digest_with(&op.key, [op.limit.requests, op.limit.burst])
+    }
+
     fn shard(&self, digest: &Digest) -> &Mutex<Shard> {
         &self.shards[(digest.0[1] % SHARDS as u64) as usize]
     }
@@ -411,7 +431,7 @@ impl Shared {
         let mut decisions = Vec::with_capacity(batch.ops.len());
         let mut reserved: Vec<(usize, Digest, u64, u64)> = Vec::new();
         for (i, op) in batch.ops.iter().enumerate() {
-            let digest = self.digester.digest(&op.key);
+            let digest = self.block_digest(op);
             let decided = self
                 .shard(&digest)
                 .lock()
@@ -488,7 +508,7 @@ impl Shared {
             if block.limit.algorithm == Algorithm::TokenBucket && block.units > 0 {
                 // Too few tokens for the request: they go back in the same call, ahead of
                 // the lease (a new block holds only what the bucket owes at its lease).
-                round.give_back(block, digest, block.units);
+                round.give_back(block, digest, block.units.min(block.granted));
                 block.units = 0;
             }
         }
@@ -522,16 +542,12 @@ impl Shared {
                 return;
             }
         };
-        flights.digests.clear();
         let now = self.clock.now().max(asked);
-        for ((lead, digest), (ask, grant)) in round.leads.iter().zip(round.asks.iter().zip(&grants))
-        {
+        for ((lead, digest), grant) in round.leads.iter().zip(&grants) {
             let Some(i) = *lead else {
-                if let Take::GiveBack { units, .. } = ask.take {
-                    self.totals
-                        .units_returned
-                        .fetch_add(units, Ordering::Relaxed);
-                }
+                self.totals
+                    .units_returned
+                    .fetch_add(grant.units, Ordering::Relaxed);
                 continue;
             };
             let mut shard = self.shard(digest).lock();
@@ -561,28 +577,25 @@ impl Shared {
                 self.totals.refused.fetch_add(1, Ordering::Relaxed);
             }
         }
+        // Every flight landed (a panic above would leave them to the guard).
+        flights.digests.clear();
     }
 
-    /// A leased refund: back to the block, at most what it admitted; the rest to the store.
+    /// A leased refund: back to the block, at most what it admitted. Not to the shared
+    /// counter: it counts the units other instances hold as taken, and a refund there could
+    /// free them while they are still admitted. Without a block, the counter is read.
     fn refund(&self, i: usize, op: &CounterOp, local: &mut Local) {
-        let digest = self.digester.digest(&op.key);
-        let hits = op.hits.unsigned_abs();
+        let digest = self.block_digest(op);
         let now = self.clock.now();
         let mut shard = self.shard(&digest).lock();
         let Some(block) = shard.get_mut(&digest) else {
             local.exact.push(i);
+            local.peek.push(i);
             return;
         };
         let generation = block.generation;
-        let back = block.give_back(hits, generation);
+        block.give_back(op.hits.unsigned_abs(), generation);
         local.decisions[i] = Some(block.refunded(now));
-        if back < hits {
-            local.extra.push(CounterOp {
-                hits: -((hits - back) as i64),
-                consistency: Consistency::Exact,
-                ..op.clone()
-            });
-        }
     }
 
     /// Units a refused request reserved, back to their blocks.

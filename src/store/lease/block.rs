@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 
 use super::ask::Grant;
 use crate::algorithm::{Algorithm, Ask, Decision, Limit, Micros, SECOND};
@@ -46,6 +47,11 @@ pub(super) struct Block {
     refused: Option<Refused>,
     /// A lease in flight: requests that need units wait for it rather than ask again.
     pub(super) flight: Option<Arc<Notify>>,
+    /// The units the flight's leader found and counts on (its ask was for the rest): kept
+    /// out of the block until the lease lands, so that nobody else takes them meanwhile.
+    flight_units: u64,
+    /// Units the last lease granted: a token bucket hands back at most these.
+    pub(super) granted: u64,
     /// Changes whenever the units start over (a new window or lease period): units reserved
     /// before go back only to the block they came from.
     pub(super) generation: u64,
@@ -68,8 +74,9 @@ pub(super) enum Outcome {
     /// Decided here: admitted from the block (`reserved` hits taken from it), or refused as
     /// the store refused.
     Decided { decision: Decision, reserved: u64 },
-    /// A lease is in flight: wait for it, then ask again.
-    Wait(Arc<Notify>),
+    /// A lease is in flight: wait for it, then ask again (registered while the block's
+    /// lock is held, so that the lease's wake-up cannot come between).
+    Wait(OwnedNotified),
     /// Not enough units: take a lease with this ask (the caller leads the flight).
     Lease(Ask),
     /// Not worth a lease (the recent rate asks for no more than these hits): decided by
@@ -94,6 +101,8 @@ impl Block {
             reset_at: now,
             refused: None,
             flight: None,
+            flight_units: 0,
+            granted: 0,
             generation: 0,
             touched_at: now,
         }
@@ -106,10 +115,12 @@ impl Block {
             return 0;
         }
         self.evaporate(now);
-        let back = if now < self.window_ends_at {
-            self.units
-        } else {
+        let back = if now >= self.window_ends_at {
             0
+        } else if self.limit.algorithm == Algorithm::TokenBucket {
+            self.units.min(self.granted)
+        } else {
+            self.units
         };
         if self.units > 0 || self.used > 0 {
             self.generation += 1;
@@ -158,7 +169,7 @@ impl Block {
             };
         }
         if let Some(flight) = &self.flight {
-            return Outcome::Wait(flight.clone());
+            return Outcome::Wait(flight.clone().notified_owned());
         }
         // A token bucket's leftover tokens are not added to a new block: each block may hold
         // only what the bucket owed when it was taken (see `evaporate`).
@@ -176,6 +187,9 @@ impl Block {
             // count toward the rate that sizes a later lease.
             return Outcome::Exact;
         }
+        // The leftover waits for the lease with its leader (a token bucket's goes back).
+        self.flight_units = units;
+        self.units -= units;
         Outcome::Lease(Ask {
             want,
             need,
@@ -192,8 +206,12 @@ impl Block {
             return;
         }
         let interval = self.limit.window as f64 / self.limit.requests as f64;
-        // The store rounds the time until full down to a microsecond: one more is still owed.
-        let owed = ((self.reset_at.saturating_sub(now) + 1) as f64 / interval).floor() as u64;
+        // The store keeps the arrival time as a float: its time until full can read a
+        // fraction of a microsecond short of a whole number of tokens. Half a token's worth
+        // of slack at most (a microsecond, or less at rates over 500,000 a second) keeps a
+        // block of k tokens from reading as k - 1, and never adds a whole one.
+        let slack = interval.min(2.0) / 2.0;
+        let owed = ((self.reset_at.saturating_sub(now) as f64 + slack) / interval).floor() as u64;
         self.units = self.units.min(owed);
     }
 
@@ -250,6 +268,7 @@ impl Block {
         period: Micros,
     ) -> (Decision, u64) {
         self.flight = None;
+        let leftover = std::mem::take(&mut self.flight_units);
         let window_left = match self.limit.algorithm {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => self.limit.window_left(grant.now),
             _ => Micros::MAX,
@@ -259,10 +278,12 @@ impl Block {
             // bucket's leftover, which the bucket refills: start again.
             self.generation += 1;
             self.units = 0;
-            if now >= self.window_ends_at {
+            if now >= self.window_ends_at || self.limit.algorithm == Algorithm::TokenBucket {
                 self.used = 0;
             }
         }
+        self.units += leftover;
+        self.granted = grant.units;
         self.leased_at = now;
         self.guard = match self.limit.algorithm {
             Algorithm::TokenBucket => grant.now.saturating_add(grant.decision.reset_after),
@@ -345,9 +366,11 @@ impl Block {
             && now.saturating_sub(self.touched_at) >= idle
     }
 
-    /// Clears the flight after a failed lease (its waiters ask again).
+    /// Clears the flight after a failed lease (its waiters ask again); the leader's
+    /// leftover goes back to the block.
     pub(super) fn abort(&mut self) {
         if let Some(flight) = self.flight.take() {
+            self.units += std::mem::take(&mut self.flight_units);
             flight.notify_waiters();
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{GIVE_BACKS_PER_CALL, LISTED_BLOCKS, Round, Shared, Take};
+use super::{GIVE_BACKS_PER_CALL, LISTED_BLOCKS, Round, Shared};
 use crate::algorithm::{Algorithm, Micros};
 
 /// What the leasing layer reports in [`StoreStatus::leases`](crate::store::StoreStatus::leases).
@@ -97,14 +97,10 @@ impl Shared {
         let mut returned = 0;
         for chunk in round.asks.chunks(GIVE_BACKS_PER_CALL) {
             self.totals.calls.fetch_add(1, Ordering::Relaxed);
-            if self.inner.lease(chunk).await.is_ok() {
-                let units: u64 = chunk
-                    .iter()
-                    .map(|a| match a.take {
-                        Take::GiveBack { units, .. } => units,
-                        Take::Lease(_) => 0,
-                    })
-                    .sum();
+            if let Ok(grants) = self.inner.lease(chunk).await {
+                // What the store really took back (a counter no longer as the lease left it
+                // takes nothing).
+                let units: u64 = grants.iter().map(|g| g.units).sum();
                 self.totals
                     .units_returned
                     .fetch_add(units, Ordering::Relaxed);
