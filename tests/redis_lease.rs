@@ -243,7 +243,7 @@ async fn while_redis_is_away_the_block_in_hand_is_admitted_then_the_failure_mode
         "lease-outage",
         &[(
             "lease.yaml",
-            "domain: lease\ndescriptors:\n  - key: hot\n    consistency: leased\n    failure_mode: deny\n    rate_limit: {unit: day, requests_per_unit: 100000}\n",
+            "domain: lease\ndescriptors:\n  - key: hot\n    consistency: leased\n    failure_mode: deny\n    rate_limit: {unit: day, requests_per_unit: 2000}\n",
         )],
     );
     let instance = SluiceProcess::spawn(
@@ -260,13 +260,15 @@ async fn while_redis_is_away_the_block_in_hand_is_admitted_then_the_failure_mode
         ],
     );
     let clients = clients(std::slice::from_ref(&instance)).await;
-    // Ramp up: the block grows to a lease period's worth at this rate.
+    // Ramp up: the block grows to a lease period's worth at this rate, at most half of what
+    // is left.
     assert_eq!(drive(&clients, &[("hot", "x")], 200, 8).await["OK"], 200);
     let held = stored_count(&[&redis], "hot=x|") - 200;
     assert!(held > 0);
     redis.pause();
     // The units in hand are admitted with Redis paused; past them, deny.
     let counts = drive(&clients, &[("hot", "x")], held as usize, 8).await;
+
     assert_eq!(counts.get("OK").copied(), Some(held as usize), "{counts:?}");
     let counts = drive(&clients, &[("hot", "x")], 20, 4).await;
     assert_eq!(counts.get("OVER_LIMIT").copied(), Some(20), "{counts:?}");
