@@ -148,26 +148,11 @@ impl Block {
                 reserved: 0,
             };
         }
-        self.evaporate(now);
+        if let Some((decision, reserved)) = self.take_in_hand(hits, now) {
+            return Outcome::Decided { decision, reserved };
+        }
         let asked_before = self.asked_since_lease;
         self.asked_since_lease += hits;
-        if now < self.ends_at && self.units >= hits {
-            self.units -= hits;
-            self.used += hits;
-            return Outcome::Decided {
-                decision: self.allowed(now),
-                reserved: hits,
-            };
-        }
-        if let Some(refused) = self.refused
-            && now < refused.until
-            && hits >= refused.need
-        {
-            return Outcome::Decided {
-                decision: refused.decision_at(now),
-                reserved: 0,
-            };
-        }
         if let Some(flight) = &self.flight {
             return Outcome::Wait(flight.clone().notified_owned());
         }
@@ -215,27 +200,29 @@ impl Block {
         self.units = self.units.min(owed);
     }
 
-    /// Decides `hits` (> 0) from what the block holds at `now`, changing nothing else: the
-    /// decision and the hits taken, or `None` when that takes a lease (or a wait, or a
-    /// hand-back first).
+    /// Decides `hits` (> 0) from what the block holds at `now` (its units, or a refusal that
+    /// covers them), changing nothing else: the decision and the hits taken, or `None` when
+    /// that takes a lease (or a wait, or a hand-back first).
     pub(super) fn take_in_hand(&mut self, hits: u64, now: Micros) -> Option<(Decision, u64)> {
-        if now >= self.ends_at || hits == 0 {
+        if hits == 0 {
             return None;
         }
         self.touched_at = now;
         self.evaporate(now);
-        if self.units >= hits {
-            self.asked_since_lease += hits;
+        let decided = if now < self.ends_at && self.units >= hits {
             self.units -= hits;
             self.used += hits;
-            return Some((self.allowed(now), hits));
-        }
-        match self.refused {
-            Some(refused) if now < refused.until && hits >= refused.need => {
-                Some((refused.decision_at(now), 0))
+            (self.allowed(now), hits)
+        } else {
+            match self.refused {
+                Some(refused) if now < refused.until && hits >= refused.need => {
+                    (refused.decision_at(now), 0)
+                }
+                _ => return None,
             }
-            _ => None,
-        }
+        };
+        self.asked_since_lease += hits;
+        Some(decided)
     }
 
     /// What to ask for: what this instance would admit in one lease period at its recent

@@ -9,7 +9,7 @@ use futures_util::future::join_all;
 use redis::{Cmd, Script};
 
 use super::{ConnHandle, RedisStore, Shared, query, slot};
-use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::algorithm::{Decision, Micros};
 use crate::store::{Grant, LeaseAsk, StoreError, Take};
 
 /// The lease script: the algorithms of the counter script, then the lease driver.
@@ -19,6 +19,7 @@ pub const LEASE_SCRIPT: &str = concat!(
     include_str!("lua/sliding_window.lua"),
     include_str!("lua/token_bucket.lua"),
     include_str!("lua/concurrency.lua"),
+    include_str!("lua/dispatch.lua"),
     include_str!("lua/lease.lua"),
 );
 
@@ -128,8 +129,9 @@ impl Shared {
     }
 
     /// Runs `cmd` (an EVALSHA of `script`) on a connection, loading the script after
-    /// NOSCRIPT; a transient error makes the connection be made again.
-    async fn run_script<T: redis::FromRedisValue>(
+    /// NOSCRIPT; a transient error makes a connection (a Sentinel's: the master) be found
+    /// again.
+    pub(super) async fn run_script<T: redis::FromRedisValue>(
         &self,
         script: &Script,
         cmd: &Cmd,
@@ -153,12 +155,7 @@ impl Shared {
 fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let mut values = [0; args::PER_ASK];
-    values[args::ALGORITHM] = match ask.limit.algorithm {
-        Algorithm::FixedWindow => 1,
-        Algorithm::SlidingWindow => 2,
-        Algorithm::TokenBucket => 3,
-        Algorithm::Concurrency => 4,
-    };
+    values[args::ALGORITHM] = super::args::algorithm_code(ask.limit.algorithm);
     values[args::LIMIT] = clamp(ask.limit.requests);
     values[args::WINDOW] = clamp(ask.limit.window);
     values[args::BURST] = clamp(ask.limit.burst);

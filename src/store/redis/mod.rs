@@ -30,7 +30,7 @@ use super::{
     Admission, Applied, Batch, BoxFuture, Calls, CounterOp, Role, Store, StoreError, StoreStatus,
     admitted,
 };
-use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::algorithm::{Decision, Micros};
 use crate::clock::Clock;
 
 /// The script: one function per algorithm (each mirroring its Rust file) and the batch
@@ -42,6 +42,7 @@ pub const SCRIPT: &str = concat!(
     include_str!("lua/sliding_window.lua"),
     include_str!("lua/token_bucket.lua"),
     include_str!("lua/concurrency.lua"),
+    include_str!("lua/dispatch.lua"),
     include_str!("lua/batch.lua"),
 );
 
@@ -91,6 +92,17 @@ mod args {
     pub const ROLE_ENFORCE: i64 = 0;
     pub const ROLE_SHADOW: i64 = 1;
     pub const ROLE_QUOTA: i64 = 2;
+
+    /// An algorithm's code in both scripts (`lua/dispatch.lua`).
+    pub fn algorithm_code(algorithm: crate::algorithm::Algorithm) -> i64 {
+        use crate::algorithm::Algorithm;
+        match algorithm {
+            Algorithm::FixedWindow => FIXED_WINDOW,
+            Algorithm::SlidingWindow => SLIDING_WINDOW,
+            Algorithm::TokenBucket => TOKEN_BUCKET,
+            Algorithm::Concurrency => CONCURRENCY,
+        }
+    }
 }
 
 /// One request's share of a script call: its keys and arguments (see `lua/batch.lua`).
@@ -161,12 +173,7 @@ impl RedisStore {
                     Role::Quota if quota_as_shadow => args::ROLE_SHADOW,
                     Role::Quota => args::ROLE_QUOTA,
                 };
-                let algorithm = match op.limit.algorithm {
-                    Algorithm::FixedWindow => args::FIXED_WINDOW,
-                    Algorithm::SlidingWindow => args::SLIDING_WINDOW,
-                    Algorithm::TokenBucket => args::TOKEN_BUCKET,
-                    Algorithm::Concurrency => args::CONCURRENCY,
-                };
+                let algorithm = args::algorithm_code(op.limit.algorithm);
                 let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
                 let mut counter = [0; args::PER_COUNTER];
                 counter[args::ALGORITHM] = algorithm;
@@ -374,19 +381,7 @@ impl Shared {
     /// call repeated. A transient error makes a Sentinel connection look for the master again.
     async fn invoke(&self, parts: &[&Part]) -> Result<Vec<i64>, StoreError> {
         let now = self.clock.get().map_or(0, |c| c.now());
-        let cmd = command(parts, now);
-        let (index, conn) = self.connector.get().await?;
-        let result = match conn {
-            ConnHandle::Node(mut c) => query(&COUNTERS, &cmd, &mut c).await,
-            ConnHandle::Cluster(mut c) => query(&COUNTERS, &cmd, &mut c).await,
-        };
-        result.map_err(|e| {
-            let error = StoreError::from(e);
-            if error.is_transient() {
-                self.connector.reset(index);
-            }
-            error
-        })
+        self.run_script(&COUNTERS, &command(parts, now)).await
     }
 }
 

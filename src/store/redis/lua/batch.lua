@@ -32,19 +32,6 @@ local ADMIT_ALWAYS, ADMIT_NEVER = '1', '2'
 local CONCURRENCY = 4
 local ROLE_ENFORCE, ROLE_QUOTA = '0', '2'
 
-local steps = { fixed_window, sliding_window, token_bucket, concurrency }
-local decoders = {
-  fixed_window_decode, sliding_window_decode, token_bucket_decode, concurrency_decode,
-}
-local encoders = {
-  fixed_window_encode, sliding_window_encode, token_bucket_encode, concurrency_encode,
-}
-
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 -- Every distinct key read once (under load, many requests of a call share hot keys).
 local slot_of, distinct = {}, {}
 for k = 1, #KEYS do

@@ -20,19 +20,6 @@ local PER_ASK = 8
 local ALGORITHM, LIMIT, WINDOW, BURST, WANT, NEED, INSTANCES, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
 local TOKEN_BUCKET, CONCURRENCY = 3, 4
 
-local steps = { fixed_window, sliding_window, token_bucket, concurrency }
-local decoders = {
-  fixed_window_decode, sliding_window_decode, token_bucket_decode, concurrency_decode,
-}
-local encoders = {
-  fixed_window_encode, sliding_window_encode, token_bucket_encode, concurrency_encode,
-}
-
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 
 local out, o = { now }, 1
 local current = {}
