@@ -45,6 +45,9 @@ pub struct LimiterOptions {
     pub max_descriptors: usize,
     /// Most entries one descriptor may carry (`MAX_DESCRIPTOR_ENTRIES`).
     pub max_entries: usize,
+    /// `REDIS_KEY_FORMAT=reference`: exact fixed-window counters of single-limit rules and
+    /// request overrides take the reference's keys ([`CounterKey::reference`]).
+    pub reference_keys: bool,
 }
 
 impl Default for LimiterOptions {
@@ -58,6 +61,7 @@ impl Default for LimiterOptions {
             // of one request (every descriptor is matched and counted) far above that.
             max_descriptors: 64,
             max_entries: 16,
+            reference_keys: false,
         }
     }
 }
@@ -208,7 +212,7 @@ impl Limiter {
                     let mut op = self.counter_op(
                         &request.domain,
                         descriptor,
-                        *rule,
+                        (*rule, limits.len()),
                         limit,
                         (domain_mode, domain_consistency),
                     );
@@ -347,11 +351,13 @@ impl Limiter {
         }
     }
 
+    /// The counter of one of `rule`'s `limits` limits (`rule` `None`: the request's
+    /// override) for `descriptor`.
     fn counter_op(
         &self,
         domain: &str,
         descriptor: &Descriptor,
-        rule: Option<&Rule>,
+        (rule, limits): (Option<&Rule>, usize),
         limit: &RateLimit,
         (domain_mode, domain_consistency): (Option<FailureMode>, Option<Consistency>),
     ) -> CounterOp {
@@ -383,8 +389,27 @@ impl Limiter {
             .max(algorithm_limit.burst)
             .saturating_add(1)
             .min(i64::MAX as u64) as i64;
+        // Concurrency releases must reach the shared count: never leased.
+        let consistency = if algorithm_limit.algorithm == Algorithm::Concurrency {
+            Consistency::Exact
+        } else {
+            rule.and_then(|r| r.consistency)
+                .or(domain_consistency)
+                .unwrap_or(self.options.consistency)
+        };
+        // The reference's keys where the reference has the same counter: one fixed window per
+        // descriptor, decided exactly (its `rate_limits`, `priorities` and leases are Sluice's).
+        let reference = self.options.reference_keys
+            && algorithm_limit.algorithm == Algorithm::FixedWindow
+            && consistency == Consistency::Exact
+            && limits == 1
+            && !prioritized;
         CounterOp {
-            key: CounterKey::new(domain, entries, &algorithm_limit),
+            key: if reference {
+                CounterKey::reference(domain, entries)
+            } else {
+                CounterKey::new(domain, entries, &algorithm_limit)
+            },
             limit: algorithm_limit,
             hits: descriptor.hits.clamp(-most, most),
             role,
@@ -392,14 +417,7 @@ impl Limiter {
                 .and_then(|r| r.failure_mode)
                 .or(domain_mode)
                 .unwrap_or(self.options.failure_mode),
-            // Concurrency releases must reach the shared count: never leased.
-            consistency: if algorithm_limit.algorithm == Algorithm::Concurrency {
-                Consistency::Exact
-            } else {
-                rule.and_then(|r| r.consistency)
-                    .or(domain_consistency)
-                    .unwrap_or(self.options.consistency)
-            },
+            consistency,
         }
     }
 }

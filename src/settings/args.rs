@@ -23,6 +23,7 @@ use clap::Args;
 #[cfg(doc)]
 use super::parse::switch;
 use super::{Settings, SettingsError};
+use crate::limiter::LimiterOptions;
 
 /// `sluice serve` flags.
 #[derive(Debug, Clone, Args)]
@@ -82,9 +83,12 @@ impl ServeArgs {
             redis_per_second: stores.redis_per_second,
             resilience: self.failure.resilience(),
             local_cache_keys: stores.local_cache_keys,
-            limiter: self
-                .requests
-                .limiter(self.failure.failure_mode, self.lease.consistency),
+            limiter: LimiterOptions {
+                reference_keys: stores.reference_keys,
+                ..self
+                    .requests
+                    .limiter(self.failure.failure_mode, self.lease.consistency)
+            },
             lease: self.lease.options(),
             response: self.response.options(),
             merge_domains: self.source.merge_domain_config,

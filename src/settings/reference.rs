@@ -97,7 +97,7 @@ pub const VARIABLES: &[(&str, Support)] = &[
             "the config directory's files are fingerprinted through symlinks, which sees a swapped root and edited files alike",
         ),
     ),
-    ("EXPIRATION_JITTER_MAX_SECONDS", NAMED),
+    ("EXPIRATION_JITTER_MAX_SECONDS", Read),
     ("LOCAL_CACHE_SIZE_IN_BYTES", Read),
     ("NEAR_LIMIT_RATIO", Read),
     ("CACHE_KEY_PREFIX", Read),

@@ -291,13 +291,11 @@ fn the_audit_names_what_is_set_and_not_acted_on() {
     );
     let loud = audit(env(&[
         ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
+        ("MEMCACHE_SRV", "_memcache._tcp.example"),
         ("MEMCACHE_HOST_PORT", "memcache:11211"),
         ("REDIS_SOCKET_TYPE", "tcp"),
     ]));
-    assert_eq!(
-        loud.unsupported,
-        ["EXPIRATION_JITTER_MAX_SECONDS", "MEMCACHE_HOST_PORT"]
-    );
+    assert_eq!(loud.unsupported, ["MEMCACHE_HOST_PORT", "MEMCACHE_SRV"]);
     assert_eq!(loud.not_needed.len(), 1);
     assert_eq!(loud.not_needed[0].0, "REDIS_SOCKET_TYPE");
 }

@@ -12,6 +12,10 @@
 //! (a backslash is only ever followed by `|`, `=` or `\`), so a digest never equals a
 //! written-out part; SHA-256 is the same on every instance (the fleet must agree on keys)
 //! and no one can make two values share a digest.
+//!
+//! Under `REDIS_KEY_FORMAT=reference` a fixed-window counter takes the reference's key
+//! instead ([`CounterKey::reference`]), so that the reference and Sluice count together
+//! while both run; its ambiguity comes back with it.
 
 use std::fmt::{self, Write as _};
 
@@ -20,6 +24,10 @@ use crate::algorithm::Limit;
 /// A counter's key, e.g. `api|api_key=partner-a|path=/login|60s:fw`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CounterKey(Box<str>);
+
+/// Parts of a reference-layout key longer than this many bytes are written as their digest
+/// (a path or a user agent is written out, an attacker's megabyte is not).
+pub const LONG_REFERENCE_PART: usize = 4096;
 
 impl CounterKey {
     /// Builds the key for `domain`, the `(key, value)` entries and `limit`.
@@ -43,6 +51,38 @@ impl CounterKey {
             limit.algorithm.key_tag()
         );
         Self(out.into_boxed_str())
+    }
+
+    /// The reference's key for `domain` and the `(key, value)` entries without its window
+    /// start, e.g. `api_api_key_partner-a_path_/login_` (the Redis store adds the key prefix
+    /// before and the window start after: `envoyproxy/ratelimit`'s `src/limiter/cache_key.go`
+    /// layout). Parts are joined with `_` unescaped, as the reference joins them.
+    pub fn reference<'a>(
+        domain: &str,
+        entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Self {
+        let mut out = String::with_capacity(64);
+        let part = |out: &mut String, text: &str| {
+            if text.len() > LONG_REFERENCE_PART {
+                out.push_str("\\#");
+                push_sha256_hex(out, text, 16);
+            } else {
+                out.push_str(text);
+            }
+            out.push('_');
+        };
+        part(&mut out, domain);
+        for (key, value) in entries {
+            part(&mut out, key);
+            part(&mut out, value);
+        }
+        Self(out.into_boxed_str())
+    }
+
+    /// Whether this is a reference-layout key ([`CounterKey::reference`]): it ends with `_`,
+    /// which no Sluice key does (they end with the limit's tag).
+    pub fn is_reference(&self) -> bool {
+        self.0.ends_with('_')
     }
 
     /// The encoded key.
@@ -149,6 +189,26 @@ mod tests {
             CounterKey::new("d", [("path", edge.as_str())], &MINUTE)
                 .as_str()
                 .contains(&edge)
+        );
+    }
+
+    #[test]
+    fn reference_keys_join_parts_as_the_reference_does() {
+        let key = CounterKey::reference("api", [("api_key", "partner-a"), ("path", "/login")]);
+        assert_eq!(key.as_str(), "api_api_key_partner-a_path_/login_");
+        assert!(key.is_reference());
+        assert!(!CounterKey::new("api", [("k", "v_")], &MINUTE).is_reference());
+        // The reference's ambiguity comes back with its layout.
+        assert_eq!(
+            CounterKey::reference("d", [("a_b", "c")]),
+            CounterKey::reference("d", [("a", "b_c")])
+        );
+        let huge = "y".repeat(1 << 20);
+        assert!(
+            CounterKey::reference("d", [("path", huge.as_str())])
+                .as_str()
+                .len()
+                < 64
         );
     }
 

@@ -524,6 +524,23 @@ impl Store for Leased {
         self.shared.inner.probe()
     }
 
+    /// Drops this instance's blocks of these counters (their units were taken from the
+    /// count being cleared), then resets the shared counters. Blocks other instances hold
+    /// stay theirs until they run out or expire.
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        for op in ops {
+            let digest = self.shared.block_digest(op);
+            if self.shared.shard(&digest).lock().remove(&digest).is_some() {
+                self.shared.blocks.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.shared.inner.reset(ops)
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        self.shared.inner.store_key(op)
+    }
+
     fn shut_down(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let units = self.hand_back_all().await;

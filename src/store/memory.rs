@@ -26,7 +26,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{
-    Applied, Batch, BoxFuture, Grant, LeaseAsk, Store, StoreError, StoreStatus, Take, admitted,
+    Applied, Batch, BoxFuture, CounterOp, Grant, LeaseAsk, Store, StoreError, StoreStatus, Take,
+    admitted,
 };
 use crate::algorithm::{
     self, Algorithm, Micros, SECOND, State, Transition, concurrency, fixed_window, sliding_window,
@@ -324,6 +325,26 @@ impl Pending {
 }
 
 impl MemoryStore {
+    /// Drops the counters of `ops` that hold live state; answers how many did.
+    fn reset_now(&self, ops: &[CounterOp]) -> u64 {
+        let shared = &*self.shared;
+        let now = shared.clock.now();
+        let mut cleared = 0;
+        for op in ops {
+            let digest = shared.digester.digest(&op.key);
+            let mut shard = shared.shards[shared.shard_index(&digest)].lock();
+            let live = shard
+                .entries
+                .get(&digest)
+                .is_some_and(|slot| slot.expires_at > now);
+            if shard.entries.remove(&digest) {
+                shared.tracked.fetch_sub(1, Ordering::Relaxed);
+                cleared += u64::from(live);
+            }
+        }
+        cleared
+    }
+
     /// Each ask on its own, under its counter's shard lock: a lease charges what
     /// [`algorithm::lease`] grants, a hand-back is a refund within the lease's window.
     fn lease_now(&self, asks: &[LeaseAsk]) -> Vec<Grant> {
@@ -380,6 +401,10 @@ impl Store for MemoryStore {
             seen.insert(instance.to_owned(), now);
         }
         Box::pin(std::future::ready(Ok(seen.len().max(1) as u64)))
+    }
+
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.reset_now(ops))))
     }
 
     fn status(&self) -> StoreStatus {

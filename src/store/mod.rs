@@ -69,6 +69,22 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(1)))
     }
 
+    /// Clears the counters of `ops` (an operator's reset): each starts again from no state.
+    /// Answers how many of them held state. Stores that wrap another clear what they keep
+    /// of these counters themselves (remembered refusals, leased blocks) and pass it on.
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = ops;
+        Box::pin(std::future::ready(Err(StoreError::Internal(
+            "this store cannot reset counters".into(),
+        ))))
+    }
+
+    /// The key `op`'s counter is kept under in the store now (for `redis-cli`: the key prefix,
+    /// and for the reference layout the window start, included).
+    fn store_key(&self, op: &CounterOp) -> String {
+        op.key.to_string()
+    }
+
     /// Checks that the store answers, without counting anything (the circuit breaker's probe).
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(std::future::ready(Ok(())))

@@ -319,6 +319,19 @@ impl Store for OverLimitCache {
         self.inner.warm_up()
     }
 
+    /// Forgets the refusals remembered for these counters, then resets them in the store:
+    /// a reset counter is not refused from memory until its window ends.
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        for op in ops {
+            self.refusals.forget(op);
+        }
+        self.inner.reset(ops)
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        self.inner.store_key(op)
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.probe()
     }

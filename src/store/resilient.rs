@@ -309,6 +309,25 @@ impl Store for Resilient {
         self.shared.primary.warm_up()
     }
 
+    /// Resets the local fallback's counters too (what `failure_mode: local` counted), then
+    /// the store's within the deadline; a failing store is an error (nothing to fall back on).
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            self.local.reset(ops).await?;
+            let deadline = self.options.background_limit();
+            match tokio::time::timeout(deadline, self.shared.primary.reset(ops)).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Unavailable(format!(
+                    "no answer to the reset within {deadline:?}"
+                ))),
+            }
+        })
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        self.shared.primary.store_key(op)
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.shared.primary.probe()
     }

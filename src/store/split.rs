@@ -236,6 +236,31 @@ impl Store for PerSecondSplit {
         self.main.instances(instance, within)
     }
 
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (fast, slow): (Vec<CounterOp>, Vec<CounterOp>) = ops
+                .iter()
+                .cloned()
+                .partition(|op| op.limit.window == SECOND);
+            let mut cleared = 0;
+            if !fast.is_empty() {
+                cleared += self.per_second.reset(&fast).await?;
+            }
+            if !slow.is_empty() {
+                cleared += self.main.reset(&slow).await?;
+            }
+            Ok(cleared)
+        })
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        if op.limit.window == SECOND {
+            self.per_second.store_key(op)
+        } else {
+            self.main.store_key(op)
+        }
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async {
             self.main.probe().await?;

@@ -44,6 +44,7 @@ impl RequestArgs {
             consistency,
             max_descriptors: self.max_request_descriptors.get(),
             max_entries: self.max_descriptor_entries.get(),
+            reference_keys: false,
         }
     }
 }

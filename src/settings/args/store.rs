@@ -38,9 +38,32 @@ pub struct StoreArgs {
     #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value = "16777216")]
     local_cache_size_in_bytes: u64,
 
+    /// Redis key layout of fixed-window counters: sluice (unambiguous), or reference (envoyproxy/ratelimit's keys and plain counts, shared with reference instances during a migration)
+    #[arg(
+        long,
+        env = "REDIS_KEY_FORMAT",
+        value_enum,
+        ignore_case = true,
+        default_value = "sluice"
+    )]
+    redis_key_format: KeyFormat,
+
+    /// Most random seconds added to a reference-layout counter's expiry (REDIS_KEY_FORMAT=reference)
+    #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value = "300")]
+    expiration_jitter_max_seconds: u64,
+
     /// Cap on counters the memory store tracks
     #[arg(long, env = "MEMORY_MAX_KEYS", default_value = "1000000", value_parser = parse_count::<NonZeroU64>)]
     memory_max_keys: NonZeroU64,
+}
+
+/// The Redis key layout of fixed-window counters (`REDIS_KEY_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyFormat {
+    /// Sluice's unambiguous keys (the default).
+    Sluice,
+    /// The reference's `prefix` + `domain_key_value_..._<window start>` with plain integers.
+    Reference,
 }
 
 /// The main Redis.
@@ -146,6 +169,8 @@ pub(super) struct Stores {
     pub redis_per_second: Option<RedisOptions>,
     pub memory: MemoryOptions,
     pub local_cache_keys: usize,
+    /// Whether fixed-window counters take the reference's Redis keys.
+    pub reference_keys: bool,
 }
 
 /// What distinguishes one Redis connection from the other, and the setting that names it.
@@ -185,6 +210,7 @@ impl StoreArgs {
             connections: 1,
             connect_timeout: Duration::ZERO,
             call_timeout: deadline,
+            expiration_jitter: Duration::from_secs(self.expiration_jitter_max_seconds),
         };
         let redis = match backend {
             Backend::Memory => None,
@@ -202,6 +228,8 @@ impl StoreArgs {
             (Some(_), true) => Some(connect(self.per_second.connection(), &base)?),
         };
         Ok(Stores {
+            reference_keys: backend == Backend::Redis
+                && self.redis_key_format == KeyFormat::Reference,
             backend,
             redis,
             redis_per_second,

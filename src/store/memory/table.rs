@@ -64,6 +64,17 @@ impl<V> Table<V> {
         &self.entries[at].1
     }
 
+    /// Removes the counter with `digest`; answers whether there was one.
+    pub(super) fn remove(&mut self, digest: &Digest) -> bool {
+        match self.index.get(digest) {
+            Some(&at) => {
+                self.remove_at(at as usize);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Removes the counter at position `at`; the last one takes its place.
     pub(super) fn remove_at(&mut self, at: usize) {
         let (digest, _) = self.entries.swap_remove(at);

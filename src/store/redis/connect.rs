@@ -62,6 +62,9 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Longest wait for a script call's answer (the store deadline, `REDIS_DEADLINE`).
     pub call_timeout: Duration,
+    /// Most random time added to a reference-layout counter's expiry
+    /// (`EXPIRATION_JITTER_MAX_SECONDS`; whole seconds).
+    pub expiration_jitter: Duration,
 }
 
 /// Makes and keeps connections.
@@ -103,6 +106,7 @@ impl RedisOptions {
             connections: 2,
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(1),
+            expiration_jitter: Duration::ZERO,
         }
     }
 }

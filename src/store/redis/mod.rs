@@ -12,6 +12,7 @@
 
 mod coalesce;
 mod connect;
+mod keys;
 mod lease;
 mod slot;
 
@@ -60,6 +61,8 @@ struct Shared {
     prefix: String,
     /// Time sent to the script instead of Redis's `TIME` (tests and simulations only).
     clock: OnceLock<Arc<dyn Clock>>,
+    /// Expiry jitter of reference-layout counters.
+    jitter: keys::Jitter,
     /// Longest wait for one script call's answer.
     call_timeout: Duration,
     /// Requests waiting for the next script call (single node and Sentinel).
@@ -89,6 +92,9 @@ mod args {
     pub const SLIDING_WINDOW: i64 = 2;
     pub const TOKEN_BUCKET: i64 = 3;
     pub const CONCURRENCY: i64 = 4;
+    /// A fixed window in the reference's layout (`REDIS_KEY_FORMAT=reference`): a plain
+    /// integer, with its expiry (s) in the burst slot. Counter script only.
+    pub const REFERENCE_WINDOW: i64 = 5;
     pub const ROLE_ENFORCE: i64 = 0;
     pub const ROLE_SHADOW: i64 = 1;
     pub const ROLE_QUOTA: i64 = 2;
@@ -131,6 +137,7 @@ impl RedisStore {
                 connector: Connector::new(options)?,
                 prefix: options.key_prefix.clone(),
                 clock: OnceLock::new(),
+                jitter: keys::Jitter::new(options.expiration_jitter.as_secs()),
                 call_timeout: options.call_timeout,
                 queue: Queue::new(options.connections.max(1)),
             }),
@@ -155,7 +162,7 @@ impl RedisStore {
         quota_as_shadow: bool,
         guards: Option<&[i64]>,
     ) -> Part {
-        let prefix = &self.shared.prefix;
+        let now = self.shared.local_now();
         let mut args = Vec::with_capacity(args::HEADER + args::PER_COUNTER * ops.len());
         let admission = match admission {
             Admission::ByRule => args::ADMIT_BY_RULE,
@@ -173,21 +180,18 @@ impl RedisStore {
                     Role::Quota if quota_as_shadow => args::ROLE_SHADOW,
                     Role::Quota => args::ROLE_QUOTA,
                 };
-                let algorithm = args::algorithm_code(op.limit.algorithm);
+                let (algorithm, burst) = self.shared.script_algorithm(op);
                 let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
                 let mut counter = [0; args::PER_COUNTER];
                 counter[args::ALGORITHM] = algorithm;
                 counter[args::LIMIT] = clamp(op.limit.requests);
                 counter[args::WINDOW] = clamp(op.limit.window);
-                counter[args::BURST] = clamp(op.limit.burst);
+                counter[args::BURST] = burst;
                 counter[args::HITS] = op.hits;
                 counter[args::ROLE] = role;
                 counter[args::GUARD] = guards.map_or(-1, |g| g[i]);
                 args.extend(counter);
-                let mut key = String::with_capacity(prefix.len() + op.key.as_str().len());
-                key.push_str(prefix);
-                key.push_str(op.key.as_str());
-                key
+                self.shared.key_of(op, now)
             })
             .collect();
         Part { keys, args }
@@ -265,8 +269,9 @@ impl RedisStore {
         // One call per hash slot. Each group admits on its own (quota operations
         // decided globally below), then the request's rule is applied to all decisions.
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        let now = self.shared.local_now();
         for (i, op) in batch.ops.iter().enumerate() {
-            let key = format!("{}{}", self.shared.prefix, op.key);
+            let key = self.shared.key_of(op, now);
             groups
                 .entry(slot::slot(key.as_bytes()))
                 .or_default()
@@ -518,6 +523,14 @@ impl Store for RedisStore {
         within: Duration,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.count_instances(instance, within))
+    }
+
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.delete(ops))
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        self.shared.key_of(op, self.shared.local_now())
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -16,8 +16,8 @@
 -- ARGV[..] per request: its admission ("0" the usual rule, "1" whatever the decisions for
 --          the global shadow mode, "2" never, to read the statuses of a request already
 --          rejected; mirrors store::Admission); its number of counters; then seven values per counter: algorithm
---          (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 concurrency), limit,
---          window (µs), burst, hits (negative: refund), role (0 enforce, 1 shadow,
+--          (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 concurrency, 5 reference
+--          layout fixed window), limit, window (µs), burst (5: expiry in s), hits (negative: refund), role (0 enforce, 1 shadow,
 --          2 quota), guard (window start a refund must still be in, or -1)
 -- Returns  {now, then per request: a header (1 if admitted, else 0, plus twice the number
 --          of values that follow for this request), then per counter: remaining and

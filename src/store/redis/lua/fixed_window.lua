@@ -35,3 +35,24 @@ local function fixed_window(st, limit, window, burst, now, hits, guard)
   if limit > 0 and hits <= limit then retry = reset end
   return false, max(limit - count, 0), reset, retry, nil, expiry
 end
+
+-- The same window in the reference's layout (REDIS_KEY_FORMAT=reference, counter script
+-- only): Sluice names the window in the key (`..._<window start>`, from its own clock as the
+-- reference does), and the value is a plain integer that the reference's INCRBY charges
+-- too. The burst slot carries the expiry in seconds (the unit plus jitter), counted from
+-- now on every write as the reference's EXPIRE does.
+local function reference_window_decode(raw)
+  local c = match(raw, '^(%d+)$')
+  if c then return { 0, safe(tonumber(c)) } end
+end
+
+local function reference_window_encode(st)
+  return format('%d', max(safe(st[2]), 0))
+end
+
+local function reference_window(st, limit, window, ttl, now, hits, guard)
+  local start = now - (now % window)
+  local allowed, remaining, reset, retry, next_state = fixed_window(
+    st and { start, st[2] } or false, limit, window, 0, now, hits, guard)
+  return allowed, remaining, reset, retry, next_state, now / 1000 + ttl * 1000
+end
