@@ -81,6 +81,7 @@ pub struct Prepared {
     limiter: Arc<Limiter>,
     config: SharedConfigInfo,
     metrics: Arc<Metrics>,
+    reset: Arc<admin::ResetAccess>,
     hurry: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
@@ -142,11 +143,16 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         Limiter::new(Arc::new(loaded.policy), store, settings.limiter)
             .with_observer(metrics.clone()),
     );
+    let reset = Arc::new(admin::ResetAccess::new(
+        settings.admin_reset.clone(),
+        metrics.registry(),
+    ));
     Ok(Prepared {
         settings,
         limiter,
         config,
         metrics,
+        reset,
         hurry: None,
     })
 }
@@ -245,6 +251,7 @@ impl Prepared {
             health: health.clone(),
             config: self.config.clone(),
             metrics: self.metrics.clone(),
+            reset: self.reset.clone(),
         });
         if let Some(listener) = listeners.debug {
             tracing::info!(addr = ?listener.local_addr().ok(), "serving the admin endpoints on the debug listener too");
@@ -357,7 +364,10 @@ impl Prepared {
                 self.settings.grpc_max_in_flight,
             ))
             .add_service(health_service)
-            .add_service(rls.into_server());
+            .add_service(rls.into_server())
+            .add_service(
+                admin::AdminService::new(self.limiter.clone(), self.reset.clone()).into_server(),
+            );
         let stop = drain.clone().cancelled_owned();
         let limits = self.settings.grpc_connections;
         let listener = match listener {

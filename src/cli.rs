@@ -1,10 +1,11 @@
-//! The command line: `sluice serve | validate | check | bench`.
+//! The command line: `sluice serve | validate | check | explain | counters | bench`.
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::settings::ServeArgs;
+use crate::tools::admin::{CountersArgs, ExplainArgs};
 use crate::tools::bench::BenchArgs;
 use crate::tools::check::CheckArgs;
 
@@ -33,6 +34,10 @@ pub enum Command {
     },
     /// Send one request and print the answer (exit 0 OK, 2 OVER_LIMIT, 1 error)
     Check(CheckArgs),
+    /// Explain how a request is matched: rule, path, limits and counter keys; charges nothing
+    Explain(ExplainArgs),
+    /// Read (get) or clear (reset) the counters of one descriptor
+    Counters(CountersArgs),
     /// Drive load at a server and print requests/s and latency percentiles
     Bench(BenchArgs),
     /// Serve an always-OK RateLimitService: the transport's ceiling for benchmarks

@@ -6,7 +6,7 @@ use std::io::Write as _;
 
 use clap::Parser;
 use sluice::cli::{Cli, Command};
-use sluice::tools::{ToolError, bench, check, trivial};
+use sluice::tools::{ToolError, admin, bench, check, trivial};
 use sluice::{app, config, settings, shutdown};
 
 /// A faster allocator than glibc's for this many small, short-lived, cross-thread
@@ -97,6 +97,14 @@ async fn run() -> ExitCode {
         Command::Check(args) => match check::run(args).await {
             Ok(check::Answer::Ok) => ExitCode::SUCCESS,
             Ok(check::Answer::OverLimit) => ExitCode::from(2),
+            Err(e) => tool_error(e),
+        },
+        Command::Explain(args) => match admin::explain(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => tool_error(e),
+        },
+        Command::Counters(args) => match admin::counters(args).await {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => tool_error(e),
         },
         Command::Bench(args) => match bench::run(args).await {

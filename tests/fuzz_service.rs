@@ -83,6 +83,10 @@ fn service() -> (RlsService, AdminState) {
         health,
         metrics: Arc::new(Metrics::new(0.8, 100)),
         config: Arc::new(parking_lot::RwLock::new(ConfigInfo::default())),
+        reset: Arc::new(sluice::admin::ResetAccess::new(
+            Default::default(),
+            &prometheus::Registry::new(),
+        )),
     };
     (rls, state)
 }
@@ -254,19 +258,51 @@ proptest! {
     ) {
         let (_, state) = service();
         let app = router(state);
-        let status = runtime().block_on(async {
-            let response = app
-                .oneshot(Request::post("/json").body(Body::from(body.clone())).unwrap())
-                .await
-                .unwrap();
-            let status = response.status();
-            let _ = response.into_body().collect().await;
-            status
-        });
+        let post = |path: &'static str| {
+            let app = app.clone();
+            let body = body.clone();
+            async move {
+                let response = app
+                    .oneshot(Request::post(path).body(Body::from(body)).unwrap())
+                    .await
+                    .unwrap();
+                let status = response.status();
+                let _ = response.into_body().collect().await;
+                status
+            }
+        };
+        let (json, explain) = runtime().block_on(async { (post("/json").await, post("/explain").await) });
         prop_assert!(
-            [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::BAD_REQUEST].contains(&status),
-            "{} for {}", status, body
+            [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::BAD_REQUEST].contains(&json),
+            "{} for {}", json, body
         );
+        // Explain reads the same request and charges nothing: OK, or the same bad request.
+        prop_assert!(
+            explain == StatusCode::OK || (explain == StatusCode::BAD_REQUEST && json == StatusCode::BAD_REQUEST),
+            "/explain {} (/json {}) for {}", explain, json, body
+        );
+    }
+
+    /// Any query on `/counters`: read, or refused as a bad query; a reset is refused (resets
+    /// are off by default) before the query is even read.
+    #[test]
+    fn any_counters_query_gets_a_clear_answer(query in "[a-z=&%+_./0-9A-F-]{0,80}") {
+        let (_, state) = service();
+        let app = router(state);
+        let uri = format!("/counters?{query}");
+        let (get, delete) = runtime().block_on(async {
+            let mut statuses = Vec::new();
+            for method in ["GET", "DELETE"] {
+                let request = Request::builder().method(method).uri(&uri).body(Body::empty());
+                let Ok(request) = request else { return (StatusCode::BAD_REQUEST, StatusCode::FORBIDDEN) };
+                let response = app.clone().oneshot(request).await.unwrap();
+                statuses.push(response.status());
+                let _ = response.into_body().collect().await;
+            }
+            (statuses[0], statuses[1])
+        });
+        prop_assert!([StatusCode::OK, StatusCode::BAD_REQUEST].contains(&get), "GET {} for {}", get, query);
+        prop_assert_eq!(delete, StatusCode::FORBIDDEN, "DELETE for {}", query);
     }
 }
 

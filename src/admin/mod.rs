@@ -6,9 +6,15 @@
 //! - `GET /healthcheck`: 200 `OK` while serving, 503 from the moment shutdown starts;
 //! - `GET /ready`: 200 once the policy is loaded and until draining starts, else 503;
 //! - `GET /rlconfig`: the loaded rules, sorted, then `#` lines on the config and the store;
-//! - `GET /metrics`: Prometheus text exposition.
+//! - `GET /metrics`: Prometheus text exposition;
+//! - `POST /explain`, `GET /counters`, `DELETE /counters`: the admin API ([`api`]) as JSON.
+//!
+//! The admin API itself, `sluice.admin.v1.Admin`, is served on the gRPC port ([`api`]).
 
+pub mod api;
+pub mod counters;
 pub mod json;
+mod reset;
 mod serve;
 
 use std::fmt::Write as _;
@@ -29,6 +35,8 @@ use crate::reload::SharedConfigInfo;
 use crate::rls::RlsService;
 
 pub use crate::reload::ConfigInfo;
+pub use api::AdminService;
+pub use reset::{MAX_TOKEN_BYTES, Refusal, ResetAccess, ResetSettings, read_token};
 pub use serve::serve;
 
 /// What the admin handlers share.
@@ -44,6 +52,8 @@ pub struct AdminState {
     pub config: SharedConfigInfo,
     /// Metrics, served at `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Who may reset counters (`DELETE /counters`).
+    pub reset: Arc<ResetAccess>,
 }
 
 /// The admin router.
@@ -54,6 +64,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/ready", get(ready))
         .route("/rlconfig", get(rlconfig))
         .route("/metrics", get(metrics))
+        .route("/explain", post(counters::explain))
+        .route("/counters", get(counters::get).delete(counters::delete))
         .with_state(state)
 }
 

@@ -22,6 +22,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+use axum::extract::ConnectInfo;
+
 use crate::connection::{Acceptor, ConnectionLimits, Guarded};
 
 /// Interval of HTTP/2 pings to a quiet peer, and how long its answer may take.
@@ -56,7 +58,16 @@ pub async fn serve(
         // The deadline covers the bytes HTTP version detection waits for, which hyper's
         // header timer does not.
         let io = Guarded::new(accepted.stream, accepted.permit, accepted.deadline);
-        let service = TowerToHyperService::new(router.clone());
+        // Handlers that log who asked (counter resets) read the peer's address.
+        let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut request: axum::http::Request<_>| {
+                if let Some(peer) = peer {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                }
+                request
+            },
+        ));
         let connection = builder
             .serve_connection(TokioIo::new(io), service)
             .into_owned();

@@ -22,6 +22,10 @@ fn state(serving: bool) -> AdminState {
         limiter,
         health,
         metrics: Arc::new(Metrics::new(0.8, 100)),
+        reset: Arc::new(super::ResetAccess::new(
+            Default::default(),
+            &prometheus::Registry::new(),
+        )),
         config: Arc::new(parking_lot::RwLock::new(ConfigInfo {
             directory: "cfg".into(),
             files: vec!["d.yaml".into()],

@@ -3,6 +3,7 @@
 //! One rate limit request, end to end: match each descriptor to a rule, apply `replaces`,
 //! send every counter to the store in one batch, and build the statuses and overall code.
 
+mod inspect;
 mod observe;
 mod types;
 
@@ -12,6 +13,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+pub use inspect::{CounterState, Explained, ExplainedLimit, Explanation, Outcome, Step};
 pub use observe::{LimitEvent, NoObserver, Observer};
 pub use types::{
     AnsweredBy, AppliedLimit, Code, Descriptor, DescriptorStatus, Entry, LimitOverride,

@@ -33,7 +33,73 @@ impl Domain {
     }
 }
 
+/// How one level of a descriptor was matched ([`Domain::trace`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepKind {
+    /// The child with this exact value.
+    Exact,
+    /// The first wildcard child (config order) whose pattern matches; the pattern.
+    Wildcard(String),
+    /// The child without a value.
+    KeyOnly,
+    /// No child matches: matching stops here.
+    None,
+}
+
+/// The end of a traced match.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TraceEnd<'p> {
+    /// The last entry's node has this rule.
+    Rule(&'p Rule),
+    /// Some level has no matching child (the last step is [`StepKind::None`]).
+    NoMatch,
+    /// The last entry's node has no rule but children: the rules are deeper.
+    Deeper,
+    /// The last entry's node has no rule and no children: a whitelist.
+    Whitelisted,
+}
+
+impl Domain {
+    /// [`Domain::find`], step by step: how each level matched, and how the match ended.
+    /// Follows the same rules (no backtracking), so what it names is what `find` returns.
+    pub fn trace<'p, E: EntryRef>(&'p self, entries: &[E]) -> (Vec<StepKind>, TraceEnd<'p>) {
+        let mut steps = Vec::with_capacity(entries.len());
+        let mut level = &self.children;
+        let mut node = None;
+        for entry in entries {
+            let Some((kind, next)) = level.child_traced(entry.key(), entry.value()) else {
+                steps.push(StepKind::None);
+                return (steps, TraceEnd::NoMatch);
+            };
+            steps.push(kind);
+            level = &next.children;
+            node = Some(next);
+        }
+        let end = match node {
+            None => TraceEnd::NoMatch,
+            Some(Node {
+                rule: Some(rule), ..
+            }) => TraceEnd::Rule(rule),
+            Some(n) if !n.children.by_key.is_empty() => TraceEnd::Deeper,
+            Some(_) => TraceEnd::Whitelisted,
+        };
+        (steps, end)
+    }
+}
+
 impl Children {
+    /// [`Children::child`], saying which kind of child matched.
+    fn child_traced(&self, key: &str, value: &str) -> Option<(StepKind, &Node)> {
+        let group = self.by_key.get(key)?;
+        if let Some(node) = group.exact.get(value) {
+            return Some((StepKind::Exact, node));
+        }
+        if let Some((pattern, node)) = group.wildcards.iter().find(|(p, _)| p.matches(value)) {
+            return Some((StepKind::Wildcard(pattern.as_str().to_owned()), node));
+        }
+        group.any.as_deref().map(|node| (StepKind::KeyOnly, node))
+    }
+
     fn child(&self, key: &str, value: &str) -> Option<&Node> {
         let group = self.by_key.get(key)?;
         group

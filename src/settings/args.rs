@@ -5,6 +5,7 @@
 //! or variable in every error) and one row in the README's table. Every `bool` is a switch
 //! of one shape ([`switch`]).
 
+mod admin;
 mod failure;
 mod lease;
 mod listen;
@@ -53,6 +54,8 @@ pub struct ServeArgs {
     stats: stats::StatsArgs,
     #[command(flatten)]
     shutdown: shutdown::ShutdownArgs,
+    #[command(flatten)]
+    admin: admin::AdminArgs,
 }
 
 impl ServeArgs {
@@ -66,7 +69,9 @@ impl ServeArgs {
         };
         let listen = self.listen.resolve()?;
         let stores = self.store.resolve(self.failure.redis_deadline)?;
+        let admin_reset = self.admin.resolve(listen.grpc_tls.as_ref())?;
         Ok(Settings {
+            admin_reset,
             config_dir: self.source.config_dir(),
             xds,
             grpc_addr: listen.grpc_addr,

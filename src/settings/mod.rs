@@ -110,6 +110,8 @@ pub struct Settings {
     pub shutdown_delay: Duration,
     /// Running under Kubernetes (several replicas are likely).
     pub kubernetes: bool,
+    /// Who may reset counters through the admin API (nobody by default).
+    pub admin_reset: crate::admin::ResetSettings,
 }
 
 /// How long start-up waits for the store before serving by the failure mode.
@@ -346,6 +348,7 @@ impl Settings {
             shutdown_grace: Duration::from_secs(5),
             shutdown_delay: Duration::ZERO,
             kubernetes: false,
+            admin_reset: Default::default(),
         }
     }
 }

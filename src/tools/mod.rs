@@ -1,7 +1,8 @@
-//! Client-side tools of the CLI: `sluice check` (one request, printed) and `sluice bench`
-//! (a load generator), plus the always-OK server used as the transport's ceiling in
-//! benchmarks.
+//! Client-side tools of the CLI: `sluice check` (one request, printed), `sluice explain` and
+//! `sluice counters` (the admin API), `sluice bench` (a load generator), plus the always-OK
+//! server used as the transport's ceiling in benchmarks.
 
+pub mod admin;
 pub mod bench;
 pub mod check;
 pub mod trivial;
@@ -77,6 +78,11 @@ pub async fn connect(
     addr: &str,
     tls: &ClientTls,
 ) -> Result<RateLimitServiceClient<Channel>, ToolError> {
+    Ok(RateLimitServiceClient::new(channel(addr, tls).await?))
+}
+
+/// A gRPC channel to `addr`, as [`connect`] makes it.
+pub async fn channel(addr: &str, tls: &ClientTls) -> Result<Channel, ToolError> {
     let url = crate::tls::client_url(addr, tls.enabled());
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| ToolError::Usage(format!("invalid --addr '{addr}': {e}")))?
@@ -90,11 +96,10 @@ pub async fn connect(
             "--addr '{addr}' is plain http:// but TLS options were given"
         )));
     }
-    let channel = endpoint
+    endpoint
         .connect()
         .await
-        .map_err(|e| ToolError::Rpc(format!("cannot connect to {url}: {e}")))?;
-    Ok(RateLimitServiceClient::new(channel))
+        .map_err(|e| ToolError::Rpc(format!("cannot connect to {url}: {e}")))
 }
 
 /// Parses `k=v,k2=v2` into a descriptor.

@@ -1,0 +1,270 @@
+//! The admin API over gRPC, `sluice.admin.v1.Admin` (`proto/sluice/admin/v1/admin.proto`):
+//! explain, read and reset counters, served on the gRPC port. The limiter answers; this
+//! module converts, and checks who may reset ([`ResetAccess`]).
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3 as envoy_descriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3 as envoy_rls;
+use tonic::{Request, Response, Status};
+
+use super::ResetAccess;
+use crate::limiter::{
+    self, CounterState, Explained, ExplainedLimit, Explanation, Limiter, Outcome,
+};
+use crate::policy::StepKind;
+
+/// The generated messages, server and client of `sluice.admin.v1`.
+#[allow(missing_docs, clippy::all, clippy::pedantic, unreachable_pub)]
+pub mod proto {
+    tonic::include_proto!("sluice.admin.v1");
+}
+
+use proto::admin_server::{Admin, AdminServer};
+use proto::descriptor_explanation::Outcome as ProtoOutcome;
+use proto::step::Kind;
+
+/// The `Admin` service.
+#[derive(Clone)]
+pub struct AdminService {
+    limiter: Arc<Limiter>,
+    access: Arc<ResetAccess>,
+}
+
+impl AdminService {
+    /// The service over `limiter`, resetting only for callers `access` admits.
+    pub fn new(limiter: Arc<Limiter>, access: Arc<ResetAccess>) -> Self {
+        Self { limiter, access }
+    }
+
+    /// The tonic server of this service.
+    pub fn into_server(self) -> AdminServer<Self> {
+        AdminServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn explain(
+        &self,
+        request: Request<proto::RateLimitRequest>,
+    ) -> Result<Response<proto::ExplainResponse>, Status> {
+        let request = request.into_inner();
+        let domain = request.domain.clone();
+        let request = request_from_proto(request).map_err(Status::invalid_argument)?;
+        let explained = self
+            .limiter
+            .explain(&request)
+            .map_err(crate::rls::status_from_error)?;
+        Ok(Response::new(explained_to_proto(domain, &explained)))
+    }
+
+    async fn get_counters(
+        &self,
+        request: Request<proto::CountersRequest>,
+    ) -> Result<Response<proto::CountersResponse>, Status> {
+        let (domain, descriptor) = counters_request(request.into_inner())?;
+        let (explanation, states) = self
+            .limiter
+            .counters(&domain, &descriptor)
+            .await
+            .map_err(crate::rls::status_from_error)?;
+        Ok(Response::new(counters_to_proto(
+            &explanation,
+            &states,
+            self.limiter.store().status().kind,
+        )))
+    }
+
+    async fn reset_counters(
+        &self,
+        request: Request<proto::CountersRequest>,
+    ) -> Result<Response<proto::ResetResponse>, Status> {
+        let peer = request.remote_addr();
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let certs = request.peer_certs();
+        let who = self
+            .access
+            .authorize(
+                authorization.as_deref(),
+                certs.as_deref().map(Vec::as_slice),
+            )
+            .map_err(|refusal| {
+                self.access.refused("grpc", &refusal);
+                tracing::warn!(?peer, reason = %refusal.message(), "counter reset refused");
+                match refusal {
+                    super::reset::Refusal::Disabled(_) => {
+                        Status::permission_denied(refusal.message())
+                    }
+                    super::reset::Refusal::Unauthenticated(_) => {
+                        Status::unauthenticated(refusal.message())
+                    }
+                    super::reset::Refusal::Unavailable(_) => Status::unavailable(refusal.message()),
+                }
+            })?;
+        let (domain, descriptor) = counters_request(request.into_inner())?;
+        let result = self.limiter.reset(&domain, &descriptor).await;
+        self.access.done("grpc", result.is_ok());
+        let (explanation, deleted) = result.map_err(crate::rls::status_from_error)?;
+        let counters = counter_names(&explanation);
+        tracing::warn!(?peer, %who, %domain, ?counters, deleted, "counters reset");
+        Ok(Response::new(proto::ResetResponse { counters, deleted }))
+    }
+}
+
+/// The counters an explanation names, for logs and answers.
+pub fn counter_names(explanation: &Explanation) -> Vec<String> {
+    explanation
+        .limits
+        .iter()
+        .map(|l| l.op.key.to_string())
+        .collect()
+}
+
+/// The admin request as Envoy's (the same fields), converted as `ShouldRateLimit` converts.
+fn request_from_proto(request: proto::RateLimitRequest) -> Result<limiter::Request, String> {
+    let envoy = envoy_rls::RateLimitRequest {
+        domain: request.domain,
+        descriptors: request
+            .descriptors
+            .into_iter()
+            .map(descriptor_to_envoy)
+            .collect(),
+        hits_addend: 0,
+    };
+    crate::rls::convert::request_from_proto(envoy)
+}
+
+fn descriptor_to_envoy(d: proto::RateLimitDescriptor) -> envoy_descriptor::RateLimitDescriptor {
+    envoy_descriptor::RateLimitDescriptor {
+        entries: d
+            .entries
+            .into_iter()
+            .map(|e| envoy_descriptor::rate_limit_descriptor::Entry {
+                key: e.key,
+                value: e.value,
+            })
+            .collect(),
+        limit: d.limit.map(
+            |o| envoy_descriptor::rate_limit_descriptor::RateLimitOverride {
+                requests_per_unit: o.requests_per_unit,
+                unit: o.unit,
+            },
+        ),
+        ..Default::default()
+    }
+}
+
+fn counters_request(
+    request: proto::CountersRequest,
+) -> Result<(String, limiter::Descriptor), Status> {
+    let descriptor = request
+        .descriptor
+        .ok_or_else(|| Status::invalid_argument("a descriptor is required"))?;
+    let mut converted = request_from_proto(proto::RateLimitRequest {
+        domain: request.domain.clone(),
+        descriptors: vec![descriptor],
+    })
+    .map_err(Status::invalid_argument)?;
+    let descriptor = converted
+        .descriptors
+        .pop()
+        .ok_or_else(|| Status::invalid_argument("a descriptor is required"))?;
+    Ok((request.domain, descriptor))
+}
+
+/// An explanation of a whole request.
+pub fn explained_to_proto(domain: String, explained: &Explained) -> proto::ExplainResponse {
+    proto::ExplainResponse {
+        domain,
+        domain_found: explained.domain_found,
+        descriptors: explained
+            .descriptors
+            .iter()
+            .map(explanation_to_proto)
+            .collect(),
+    }
+}
+
+/// The state of a descriptor's counters.
+pub fn counters_to_proto(
+    explanation: &Explanation,
+    states: &[CounterState],
+    store: &str,
+) -> proto::CountersResponse {
+    proto::CountersResponse {
+        explanation: Some(explanation_to_proto(explanation)),
+        counters: states
+            .iter()
+            .map(|s| proto::CounterState {
+                limit: Some(limit_to_proto(&s.limit)),
+                used: s.used,
+                remaining: s.remaining,
+                reset_after_ms: s.reset_after.div_ceil(1000),
+                over: s.over,
+                degraded: s.degraded,
+            })
+            .collect(),
+        store: store.to_owned(),
+    }
+}
+
+fn explanation_to_proto(e: &Explanation) -> proto::DescriptorExplanation {
+    let outcome = match e.outcome {
+        Outcome::Matched => ProtoOutcome::Matched,
+        Outcome::UnknownDomain => ProtoOutcome::UnknownDomain,
+        Outcome::NoMatch => ProtoOutcome::NoMatch,
+        Outcome::Depth => ProtoOutcome::Depth,
+        Outcome::Whitelisted => ProtoOutcome::Whitelisted,
+        Outcome::Unlimited => ProtoOutcome::Unlimited,
+        Outcome::Replaced => ProtoOutcome::Replaced,
+        Outcome::Override => ProtoOutcome::Override,
+    };
+    proto::DescriptorExplanation {
+        outcome: outcome as i32,
+        reason: e.reason.clone(),
+        path: e
+            .path
+            .iter()
+            .enumerate()
+            .map(|(i, step)| {
+                let (kind, pattern) = match &step.kind {
+                    StepKind::Exact => (Kind::Exact, step.value.clone()),
+                    StepKind::Wildcard(p) => (Kind::Wildcard, p.clone()),
+                    StepKind::KeyOnly => (Kind::KeyOnly, String::new()),
+                    StepKind::None => (Kind::None, String::new()),
+                };
+                proto::Step {
+                    level: (i + 1) as u32,
+                    key: step.key.clone(),
+                    value: step.value.clone(),
+                    kind: kind as i32,
+                    pattern,
+                }
+            })
+            .collect(),
+        rule: e.rule.clone().unwrap_or_default(),
+        limits: e.limits.iter().map(limit_to_proto).collect(),
+        replaced_by: e.replaced_by.clone().unwrap_or_default(),
+        shadow_mode: e.shadow_mode,
+        quota_mode: e.quota_mode,
+    }
+}
+
+fn limit_to_proto(l: &ExplainedLimit) -> proto::Limit {
+    proto::Limit {
+        requests_per_unit: l.limit.requests_per_unit,
+        unit: l.limit.unit.proto_name().to_owned(),
+        algorithm: l.limit.algorithm.as_str().to_owned(),
+        burst: l.limit.burst.unwrap_or(0),
+        name: l.limit.name.clone().unwrap_or_default(),
+        consistency: l.consistency().as_str().to_owned(),
+        failure_mode: l.failure_mode().as_str().to_owned(),
+        counter: l.op.key.to_string(),
+        store_key: l.store_key.clone(),
+    }
+}
