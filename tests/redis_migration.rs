@@ -213,3 +213,60 @@ async fn on_a_cluster_each_reference_key_goes_to_its_own_slot() {
         assert_eq!(count, 1, "{user}");
     }
 }
+
+#[tokio::test]
+async fn the_admin_api_names_and_resets_the_reference_key() {
+    use sluice::admin::api::proto::{self, admin_client::AdminClient};
+    let redis = RedisServer::start();
+    let token = common::temp_dir("migration-token").join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let mut settings = settings(redis.url(), RedisKind::Single);
+    settings.admin_reset.token_file = Some(token);
+    let (server, clock) = TestServer::start_with_clock(settings).await;
+    let now = pin(&clock);
+    let mut reference = Reference::connect(&redis.url()).await;
+    for _ in 0..4 {
+        reference.hit("erin", now).await;
+    }
+    let mut admin = AdminClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let descriptor = proto::RateLimitDescriptor {
+        entries: vec![proto::rate_limit_descriptor::Entry {
+            key: "user".into(),
+            value: "erin".into(),
+        }],
+        limit: None,
+    };
+    let request = proto::CountersRequest {
+        domain: "mig".into(),
+        descriptor: Some(descriptor),
+    };
+    let got = admin
+        .get_counters(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let limit = got.counters[0].limit.clone().unwrap();
+    assert_eq!(limit.store_key, Reference::key("erin", now));
+    assert_eq!(limit.counter, "mig_user_erin_");
+    assert_eq!((got.counters[0].used, got.counters[0].remaining), (4, 6));
+    let mut reset = tonic::Request::new(request);
+    reset
+        .metadata_mut()
+        .insert("authorization", "Bearer tok".parse().unwrap());
+    assert_eq!(
+        admin
+            .reset_counters(reset)
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted,
+        1
+    );
+    assert!(
+        redis
+            .command(&["EXISTS", &Reference::key("erin", now)])
+            .contains('0')
+    );
+}

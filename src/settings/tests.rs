@@ -324,3 +324,51 @@ fn config_type_is_file_or_xds_and_nothing_else() {
     .unwrap_err();
     assert!(err.contains("CONFIG_GRPC_XDS_NODE_METADATA"), "{err}");
 }
+
+#[test]
+fn counter_resets_are_off_unless_a_token_file_or_a_client_name_enables_them() {
+    assert_eq!(settings(&[]).unwrap().admin_reset, Default::default());
+    let dir = std::env::temp_dir().join(format!("sluice-settings-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "t\n").unwrap();
+    let token = token.to_str().unwrap();
+    let s = settings(&["--admin-reset-token-file", token]).unwrap();
+    assert_eq!(
+        s.admin_reset.token_file.as_deref(),
+        Some(std::path::Path::new(token))
+    );
+    // A token file that cannot be used stops start-up, naming the setting.
+    let missing = settings(&["--admin-reset-token-file", "/nonexistent/token"]).unwrap_err();
+    assert!(missing.contains("ADMIN_RESET_TOKEN_FILE"), "{missing}");
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let empty = settings(&["--admin-reset-token-file", empty.to_str().unwrap()]).unwrap_err();
+    assert!(empty.contains("empty"), "{empty}");
+    // A client certificate name needs a mutual-TLS port to come from.
+    let no_tls = settings(&["--admin-reset-client-san", "ops.example"]).unwrap_err();
+    assert!(
+        no_tls.contains("ADMIN_RESET_CLIENT_SAN") && no_tls.contains("GRPC_CLIENT_TLS_CACERT"),
+        "{no_tls}"
+    );
+}
+
+#[test]
+fn the_reference_key_layout_needs_redis() {
+    let redis = settings(&[
+        "--redis-url",
+        "redis://127.0.0.1:6379",
+        "--redis-key-format",
+        "reference",
+    ])
+    .unwrap();
+    assert!(redis.limiter.reference_keys);
+    assert_eq!(
+        redis.redis.unwrap().expiration_jitter,
+        std::time::Duration::from_secs(300)
+    );
+    let memory = settings(&["--backend", "memory", "--redis-key-format", "reference"]).unwrap();
+    assert!(!memory.limiter.reference_keys);
+    let bad = settings(&["--redis-key-format", "go"]).unwrap_err();
+    assert!(bad.contains("sluice") && bad.contains("reference"), "{bad}");
+}
