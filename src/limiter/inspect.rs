@@ -217,17 +217,7 @@ impl Limiter {
         trace: Option<&(Vec<StepKind>, TraceEnd<'_>)>,
         traces: &[Option<(Vec<StepKind>, TraceEnd<'_>)>],
     ) -> Explanation {
-        let path: Vec<Step> = trace.map_or_else(Vec::new, |(steps, _)| {
-            steps
-                .iter()
-                .zip(&descriptor.entries)
-                .map(|(kind, entry)| Step {
-                    key: entry.key.clone(),
-                    value: entry.value.clone(),
-                    kind: kind.clone(),
-                })
-                .collect()
-        });
+        let path = trace.map_or_else(Vec::new, |(steps, _)| path_of(descriptor, steps));
         let matched = trace.and_then(|(_, end)| match end {
             TraceEnd::Rule(rule) => Some(*rule),
             _ => None,
@@ -279,31 +269,56 @@ impl Limiter {
             Some(by) => format!("{reason} by `{by}`"),
             None => reason,
         };
-        if let Plan::Counted { rule, limits } = plan {
-            let domain_modes = (
-                domain.and_then(|d| d.failure_mode),
-                domain.and_then(|d| d.consistency),
-            );
-            explanation.limits = limits
-                .iter()
-                .map(|limit| {
-                    let op = self.counter_op(
-                        &request.domain,
-                        descriptor,
-                        (*rule, limits.len()),
-                        limit,
-                        domain_modes,
-                    );
-                    ExplainedLimit {
-                        limit: limit.clone(),
-                        store_key: self.store.store_key(&op),
-                        op,
-                    }
-                })
-                .collect();
-        }
+        explanation.limits = self.explained_limits(request, domain, descriptor, plan);
         explanation
     }
+
+    /// The limits a counted plan charges, with the counter operations a request would send.
+    fn explained_limits(
+        &self,
+        request: &Request,
+        domain: Option<&Domain>,
+        descriptor: &Descriptor,
+        plan: &Plan<'_>,
+    ) -> Vec<ExplainedLimit> {
+        let Plan::Counted { rule, limits } = plan else {
+            return Vec::new();
+        };
+        let domain_modes = (
+            domain.and_then(|d| d.failure_mode),
+            domain.and_then(|d| d.consistency),
+        );
+        limits
+            .iter()
+            .map(|limit| {
+                let op = self.counter_op(
+                    &request.domain,
+                    descriptor,
+                    (*rule, limits.len()),
+                    limit,
+                    domain_modes,
+                );
+                ExplainedLimit {
+                    limit: limit.clone(),
+                    store_key: self.store.store_key(&op),
+                    op,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The steps of a traced match, with the request's entries.
+fn path_of(descriptor: &Descriptor, steps: &[StepKind]) -> Vec<Step> {
+    steps
+        .iter()
+        .zip(&descriptor.entries)
+        .map(|(kind, entry)| Step {
+            key: entry.key.clone(),
+            value: entry.value.clone(),
+            kind: kind.clone(),
+        })
+        .collect()
 }
 
 /// Why a descriptor of a known domain has no limit.

@@ -3,6 +3,7 @@
 //! Test helpers: a real Sluice server on 127.0.0.1:0, clients for it, and real Redis.
 #![allow(dead_code)]
 
+pub mod admin;
 pub mod certs;
 pub mod envoy;
 pub mod otlp;
