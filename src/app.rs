@@ -133,6 +133,11 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         store = store.status().kind,
         "rate limit config loaded"
     );
+    if settings.limiter.reference_keys {
+        tracing::info!(
+            "fixed-window counters use envoyproxy/ratelimit's Redis keys and integers (REDIS_KEY_FORMAT=reference)"
+        );
+    }
     let config = Arc::new(parking_lot::RwLock::new(ConfigInfo {
         directory: source,
         files: loaded.files,

@@ -340,3 +340,58 @@ async fn a_reset_of_a_leased_counter_drops_this_instance_block_too() {
     let again = client.get_counters(request).await.unwrap().into_inner();
     assert!((1..1000).contains(&again.counters[0].used), "{again:?}");
 }
+
+#[tokio::test]
+async fn get_and_reset_reach_every_cluster_slot_and_the_per_second_redis() {
+    use common::redis::RedisCluster;
+    use sluice::store::redis::{RedisKind, RedisOptions};
+    // A Cluster: the two counters of one descriptor live in different slots.
+    let cluster = RedisCluster::start();
+    let token = token_file("admin-token-cluster", "c");
+    let mut clustered = on_redis(settings(with_token(&token)), &cluster.nodes[0]);
+    clustered.redis = Some(RedisOptions {
+        kind: RedisKind::Cluster,
+        url: cluster.url(),
+        ..clustered.redis.unwrap()
+    });
+    // A per-second Redis beside a main one.
+    let (main, fast) = (RedisServer::start(), RedisServer::start());
+    let mut split = on_redis(settings(with_token(&token)), &main);
+    split.redis_per_second = Some(RedisOptions::new(fast.url(), RedisKind::Single));
+    let split_config = "domain: s\ndescriptors:\n  - key: both\n    rate_limits:\n      - {unit: second, requests_per_unit: 100}\n      - {unit: hour, requests_per_unit: 1000}\n";
+    split.config_dir = config_dir("admin-split", &[("s.yaml", split_config)]);
+    for (settings, domain, key) in [(clustered, "a", "multi"), (split, "s", "both")] {
+        let server = TestServer::start_with(settings).await;
+        for _ in 0..2 {
+            assert!(server.domain(domain).hit(&format!("{key}=y")).await.is_ok());
+        }
+        let request = CountersRequest {
+            domain: domain.into(),
+            descriptor: Some(descriptor(&[(key, "y")])),
+        };
+        let mut client = admin(&server).await;
+        let got = client
+            .get_counters(request.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        let used: Vec<u64> = got.counters.iter().map(|c| c.used).collect();
+        assert_eq!(used, [2, 2], "{domain}: {got:?}");
+        if domain == "s" {
+            assert!(fast.command(&["KEYS", "*"]).contains("s|both=y|1s:fw"));
+            assert!(main.command(&["KEYS", "*"]).contains("s|both=y|3600s:fw"));
+        }
+        let mut reset = tonic::Request::new(request.clone());
+        reset
+            .metadata_mut()
+            .insert("authorization", "Bearer c".parse().unwrap());
+        let answer = client.reset_counters(reset).await.unwrap().into_inner();
+        assert_eq!(answer.deleted, 2, "{domain}");
+        let got = client.get_counters(request).await.unwrap().into_inner();
+        let used: Vec<u64> = got.counters.iter().map(|c| c.used).collect();
+        assert_eq!(used, [0, 0], "{domain}");
+    }
+    // Each per-second counter went to, and was deleted from, its own Redis.
+    assert!(fast.command(&["KEYS", "*"]).starts_with("*0"));
+    assert!(main.command(&["KEYS", "*"]).starts_with("*0"));
+}

@@ -119,6 +119,10 @@ async fn reference_and_sluice_instances_on_one_redis_admit_exactly_the_limit_tog
         .unwrap();
     assert!((10..=25).contains(&count), "{key} holds {count}");
     let keys = redis.command(&["KEYS", "*"]);
+    let (_, rlconfig) = common::http_get(server.http_addr, "/rlconfig")
+        .await
+        .unwrap();
+    assert!(rlconfig.contains("key format: reference"), "{rlconfig}");
     assert!(
         !keys.contains('|'),
         "no Sluice-layout key was written: {keys}"

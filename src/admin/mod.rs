@@ -191,6 +191,9 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
     if let Some(detail) = &store.detail {
         let _ = write!(out, ", {detail}");
     }
+    if state.limiter.options().reference_keys {
+        let _ = write!(out, ", key format: reference");
+    }
     out.push('\n');
     if let Some(leases) = &store.leases {
         write_leases(&mut out, leases);

@@ -150,6 +150,11 @@ impl Limiter {
         self.policy.store(policy);
     }
 
+    /// The process-wide switches in force.
+    pub fn options(&self) -> &LimiterOptions {
+        &self.options
+    }
+
     /// The store counters live in.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
