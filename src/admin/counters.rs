@@ -1,6 +1,7 @@
 //! The admin API on the HTTP port, as JSON: `POST /explain` (a `RateLimitRequest` in the
 //! proto3 JSON `/json` takes), `GET /counters` and `DELETE /counters`
-//! (`?domain=D&entry=KEY=VALUE&entry=...`, one descriptor, its entries in order). The
+//! (`?domain=D&entry=KEY=VALUE&entry=...`, or `?domain=D&descriptor=K=V,K2=V2` as the CLI
+//! writes it: one descriptor, its entries in order). The
 //! answers are the gRPC API's messages in proto3 JSON (lowerCamelCase names, enums by name).
 
 use std::net::SocketAddr;
@@ -120,21 +121,28 @@ fn parse_query(query: &str) -> Result<(String, Descriptor), String> {
         let value = percent_decode(value)?;
         match name {
             "domain" => domain = Some(value),
-            "entry" => {
-                if entries.len() == MAX_QUERY_ENTRIES {
-                    return Err(format!("more than {MAX_QUERY_ENTRIES} entries"));
+            "entry" | "descriptor" => {
+                let parts: Vec<&str> = if name == "entry" {
+                    vec![value.as_str()]
+                } else {
+                    value.split(',').collect()
+                };
+                for part in parts {
+                    if entries.len() == MAX_QUERY_ENTRIES {
+                        return Err(format!("more than {MAX_QUERY_ENTRIES} entries"));
+                    }
+                    let (key, value) = part.split_once('=').ok_or_else(|| {
+                        format!("{name} `{part}` is not KEY=VALUE (an empty value is KEY=)")
+                    })?;
+                    entries.push(Entry {
+                        key: key.to_owned(),
+                        value: value.to_owned(),
+                    });
                 }
-                let (key, value) = value.split_once('=').ok_or_else(|| {
-                    format!("entry `{value}` is not KEY=VALUE (an empty value is KEY=)")
-                })?;
-                entries.push(Entry {
-                    key: key.to_owned(),
-                    value: value.to_owned(),
-                });
             }
             other => {
                 return Err(format!(
-                    "unknown query parameter `{other}` (expected domain and entry)"
+                    "unknown query parameter `{other}` (expected domain, and entry or descriptor)"
                 ));
             }
         }
@@ -263,6 +271,13 @@ mod tests {
         ] {
             assert!(parse_query(bad).is_err(), "{bad}");
         }
+        let (_, d) =
+            parse_query("domain=api&descriptor=remote_address%3D10.0.0.7,path%3D%2Flogin").unwrap();
+        assert_eq!(d.entries.len(), 2);
+        assert_eq!(
+            (d.entries[1].key.as_str(), d.entries[1].value.as_str()),
+            ("path", "/login")
+        );
         let many = format!("domain=d{}", "&entry=k=v".repeat(MAX_QUERY_ENTRIES + 1));
         assert!(parse_query(&many).unwrap_err().contains("more than"));
     }

@@ -134,7 +134,12 @@ impl ResetAccess {
                 "no client certificate valid for ADMIN_RESET_CLIENT_SAN".into(),
             ));
         };
-        let Some(sent) = authorization.and_then(|h| h.strip_prefix("Bearer ")) else {
+        // The scheme's name is case-insensitive (RFC 9110).
+        let sent = authorization
+            .and_then(|h| h.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token);
+        let Some(sent) = sent else {
             return Err(Refusal::Unauthenticated(
                 "send `authorization: Bearer <token>` (the token in ADMIN_RESET_TOKEN_FILE)".into(),
             ));
@@ -193,10 +198,13 @@ mod tests {
             client_san: None,
         };
         let on = ResetAccess::new(settings, &Registry::new());
-        assert_eq!(
-            on.authorize(Some("Bearer s3cret-token"), None),
-            Ok("bearer token".into())
-        );
+        for right in [
+            "Bearer s3cret-token",
+            "bearer s3cret-token",
+            "BEARER  s3cret-token",
+        ] {
+            assert_eq!(on.authorize(Some(right), None), Ok("bearer token".into()));
+        }
         for wrong in [
             None,
             Some("s3cret-token"),
