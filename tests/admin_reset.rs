@@ -5,7 +5,7 @@
 mod common;
 
 use common::admin::{admin, descriptor, settings, token_file, with_token};
-use common::{TestServer, http, http_get, metric, temp_dir};
+use common::{SluiceProcess, TestServer, config_dir, http, http_get, metric, temp_dir};
 use sluice::admin::ResetSettings;
 use sluice::admin::api::proto::{CountersRequest, admin_client::AdminClient};
 use tonic::Code;
@@ -200,4 +200,40 @@ async fn the_cli_explains_reads_and_resets() {
     let (_, out, _) = run(&["counters", "get", "--descriptor", "k=other", "--json"]);
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(json["counters"][0]["used"], "0", "{out}");
+}
+
+#[test]
+fn every_reset_attempt_is_logged_with_who_asked() {
+    let token = token_file("admin-token-log", "logged-token");
+    let wrong = token_file("admin-token-log-wrong", "guess");
+    let dir = config_dir("admin-log", &[("m.yaml", common::admin::MATCHING)]);
+    let sluice = SluiceProcess::spawn_with_env(
+        &dir,
+        &[],
+        &[("ADMIN_RESET_TOKEN_FILE", token.to_str().unwrap())],
+    );
+    let reset = |token: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["counters", "reset", "--addr", &sluice.grpc, "--domain", "m"])
+            .args(["--descriptor", "k=exact", "--token-file"])
+            .arg(token)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(reset(&wrong).status.code(), Some(1));
+    assert!(reset(&token).status.success());
+    common::eventually_blocking("both attempts in the log", || {
+        let log = sluice.log.lock();
+        let refused = log
+            .iter()
+            .any(|l| l.contains("counter reset refused") && l.contains("wrong bearer token"));
+        let done = log.iter().any(|l| {
+            l.contains("counters reset")
+                && l.contains("who=bearer token")
+                && l.contains("domain=m")
+                && l.contains("m|k=exact|60s:fw")
+                && l.contains("peer=")
+        });
+        refused && done
+    });
 }

@@ -454,6 +454,8 @@ pub struct SluiceProcess {
     pub http: String,
     /// Its log up to the "serving" line.
     pub startup_log: Vec<String>,
+    /// Its log after the "serving" line, as it comes.
+    pub log: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl SluiceProcess {
@@ -512,12 +514,19 @@ impl SluiceProcess {
             };
             if let (Some(grpc), Some(http)) = (field("grpc="), field("http=")) {
                 // Keep draining the log so the process never blocks on a full pipe.
-                std::thread::spawn(move || lines.for_each(drop));
+                let log = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+                let sink = log.clone();
+                std::thread::spawn(move || {
+                    for line in lines.map_while(Result::ok) {
+                        sink.lock().push(line);
+                    }
+                });
                 return Self {
                     child,
                     grpc,
                     http,
                     startup_log,
+                    log,
                 };
             }
         }
