@@ -135,7 +135,7 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
                 None => builder.with_client_cert_verifier(verifier),
                 Some(san) => builder.with_client_cert_verifier(Arc::new(SanVerifier {
                     inner: verifier,
-                    name: client_name(san)?,
+                    name: client_name(san).map_err(|e| format!("GRPC_CLIENT_TLS_SAN {e}"))?,
                 })),
             }
         }
@@ -159,10 +159,11 @@ pub fn client_url(addr: &str, tls: bool) -> String {
     }
 }
 
-/// `GRPC_CLIENT_TLS_SAN` as the name client certificates must be valid for.
+/// A name client certificates must be valid for (`GRPC_CLIENT_TLS_SAN`,
+/// `ADMIN_RESET_CLIENT_SAN`); the error says what is wrong, the caller which setting.
 pub fn client_name(san: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
     rustls::pki_types::ServerName::try_from(san.to_owned())
-        .map_err(|e| format!("GRPC_CLIENT_TLS_SAN '{san}': {e} (a DNS name or an IP address)"))
+        .map_err(|e| format!("'{san}': {e} (a DNS name or an IP address)"))
 }
 
 /// Client certificates that chain to the CA (the inner verifier) and are valid for one name,

@@ -7,8 +7,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::redis::{RedisCluster, RedisServer};
-use common::{SluiceProcess, config_dir, descriptor, request};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use common::{SluiceProcess, config_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 // A day-long window, so that no window boundary falls inside a test run.
@@ -25,30 +24,7 @@ async fn drive(instances: &[SluiceProcess], user: &str) -> HashMap<String, usize
                 .unwrap(),
         );
     }
-    let mut counts = HashMap::new();
-    for wave in 0..10 {
-        let mut tasks = Vec::new();
-        for i in 0..60 {
-            let mut client = clients[(wave * 60 + i) % clients.len()].clone();
-            let user = user.to_owned();
-            tasks.push(tokio::spawn(async move {
-                match client
-                    .should_rate_limit(request("fleet", vec![descriptor(&[("user", &user)])]))
-                    .await
-                {
-                    Ok(r) => Code::try_from(r.into_inner().overall_code)
-                        .unwrap()
-                        .as_str_name()
-                        .to_owned(),
-                    Err(status) => format!("{:?}", status.code()),
-                }
-            }));
-        }
-        for task in tasks {
-            *counts.entry(task.await.unwrap()).or_default() += 1;
-        }
-    }
-    counts
+    common::drive(&clients, "fleet", &[("user", user)], 600, 60).await
 }
 
 fn expect(counts: &HashMap<String, usize>, ok: usize, over: usize) {

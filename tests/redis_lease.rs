@@ -11,8 +11,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::redis::{RedisCluster, RedisServer};
-use common::{SluiceProcess, config_dir, descriptor, eventually, http_get, metric, request};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use common::{SluiceProcess, config_dir, eventually, http_get, metric};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
@@ -54,38 +53,14 @@ async fn clients(instances: &[SluiceProcess]) -> Vec<RateLimitServiceClient<Chan
     clients
 }
 
-/// Sends `total` requests for `(key, value)`, round-robin over `clients`, `concurrency` at a
-/// time; counts each answer ("OK", "OVER_LIMIT", or the gRPC error code).
+/// [`common::drive`] on the `lease` domain.
 async fn drive(
     clients: &[RateLimitServiceClient<Channel>],
     entries: &[(&str, &str)],
     total: usize,
     concurrency: usize,
 ) -> HashMap<String, usize> {
-    let mut counts = HashMap::new();
-    let mut sent = 0;
-    while sent < total {
-        let wave = concurrency.min(total - sent);
-        let mut tasks = Vec::with_capacity(wave);
-        for i in 0..wave {
-            let mut client = clients[(sent + i) % clients.len()].clone();
-            let request = request("lease", vec![descriptor(entries)]);
-            tasks.push(tokio::spawn(async move {
-                match client.should_rate_limit(request).await {
-                    Ok(r) => Code::try_from(r.into_inner().overall_code)
-                        .unwrap()
-                        .as_str_name()
-                        .to_owned(),
-                    Err(status) => format!("{:?}", status.code()),
-                }
-            }));
-        }
-        for task in tasks {
-            *counts.entry(task.await.unwrap()).or_default() += 1;
-        }
-        sent += wave;
-    }
-    counts
+    common::drive(clients, "lease", entries, total, concurrency).await
 }
 
 /// The count Redis holds for the fixed-window counter whose key contains `needle`.

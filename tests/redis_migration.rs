@@ -90,13 +90,41 @@ fn pin(clock: &sluice::clock::ManualClock) -> u64 {
     start
 }
 
+/// One Redis, shared by a reference instance and a Sluice server (adjusted by `adjust`) whose
+/// clock is pinned at `now` (s).
+struct Rollout {
+    redis: RedisServer,
+    server: TestServer,
+    clock: std::sync::Arc<sluice::clock::ManualClock>,
+    now: u64,
+    reference: Reference,
+}
+
+async fn rollout(adjust: impl FnOnce(&mut Settings)) -> Rollout {
+    let redis = RedisServer::start();
+    let mut settings = settings(redis.url(), RedisKind::Single);
+    adjust(&mut settings);
+    let (server, clock) = TestServer::start_with_clock(settings).await;
+    let now = pin(&clock);
+    let reference = Reference::connect(&redis.url()).await;
+    Rollout {
+        redis,
+        server,
+        clock,
+        now,
+        reference,
+    }
+}
+
 #[tokio::test]
 async fn reference_and_sluice_instances_on_one_redis_admit_exactly_the_limit_together() {
-    let redis = RedisServer::start();
-    let (server, clock) =
-        TestServer::start_with_clock(settings(redis.url(), RedisKind::Single)).await;
-    let now = pin(&clock);
-    let mut reference = Reference::connect(&redis.url()).await;
+    let Rollout {
+        redis,
+        server,
+        now,
+        mut reference,
+        ..
+    } = rollout(|_| {}).await;
     let sluice = server.domain("mig");
 
     // Interleaved, 15 requests each: 10 pass in all, whoever asks.
@@ -131,11 +159,13 @@ async fn reference_and_sluice_instances_on_one_redis_admit_exactly_the_limit_tog
 
 #[tokio::test]
 async fn sluice_carries_on_the_reference_counters_with_the_reference_expiry() {
-    let redis = RedisServer::start();
-    let (server, clock) =
-        TestServer::start_with_clock(settings(redis.url(), RedisKind::Single)).await;
-    let now = pin(&clock);
-    let mut reference = Reference::connect(&redis.url()).await;
+    let Rollout {
+        redis,
+        server,
+        clock,
+        now,
+        mut reference,
+    } = rollout(|_| {}).await;
     let sluice = server.domain("mig");
 
     // The reference served 7 of bob's requests, then the last reference pod went.
@@ -181,10 +211,7 @@ async fn sluice_carries_on_the_reference_counters_with_the_reference_expiry() {
 
 #[tokio::test]
 async fn counters_without_a_reference_counterpart_keep_sluice_keys() {
-    let redis = RedisServer::start();
-    let (server, clock) =
-        TestServer::start_with_clock(settings(redis.url(), RedisKind::Single)).await;
-    pin(&clock);
+    let Rollout { redis, server, .. } = rollout(|_| {}).await;
     let sluice = server.domain("mig");
     assert!(sluice.hit("path=/a").await.is_ok());
     assert!(sluice.hit("bucket=b").await.is_ok());
@@ -221,14 +248,15 @@ async fn on_a_cluster_each_reference_key_goes_to_its_own_slot() {
 #[tokio::test]
 async fn the_admin_api_names_and_resets_the_reference_key() {
     use sluice::admin::api::proto::{self, admin_client::AdminClient};
-    let redis = RedisServer::start();
     let token = common::temp_dir("migration-token").join("token");
     std::fs::write(&token, "tok").unwrap();
-    let mut settings = settings(redis.url(), RedisKind::Single);
-    settings.admin_reset.token_file = Some(token);
-    let (server, clock) = TestServer::start_with_clock(settings).await;
-    let now = pin(&clock);
-    let mut reference = Reference::connect(&redis.url()).await;
+    let Rollout {
+        redis,
+        server,
+        now,
+        mut reference,
+        ..
+    } = rollout(|settings| settings.admin_reset.token_file = Some(token)).await;
     for _ in 0..4 {
         reference.hit("erin", now).await;
     }

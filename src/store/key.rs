@@ -64,8 +64,7 @@ impl CounterKey {
         let mut out = String::with_capacity(64);
         let part = |out: &mut String, text: &str| {
             if text.len() > LONG_REFERENCE_PART {
-                out.push_str("\\#");
-                push_sha256_hex(out, text, 16);
+                push_digest(out, text);
             } else {
                 out.push_str(text);
             }
@@ -109,10 +108,15 @@ pub(crate) fn push_sha256_hex(out: &mut String, text: &str, bytes: usize) {
     }
 }
 
+/// A long part as `\#` and 32 hex digits of its SHA-256 (escaping never writes `\#`).
+fn push_digest(out: &mut String, part: &str) {
+    out.push_str("\\#");
+    push_sha256_hex(out, part, 16);
+}
+
 fn escape_into(out: &mut String, part: &str) {
     if part.len() > LONG_PART {
-        out.push_str("\\#");
-        push_sha256_hex(out, part, 16);
+        push_digest(out, part);
         return;
     }
     if !part.contains(['|', '=', '\\']) {

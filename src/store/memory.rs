@@ -333,13 +333,9 @@ impl MemoryStore {
         for op in ops {
             let digest = shared.digester.digest(&op.key);
             let mut shard = shared.shards[shared.shard_index(&digest)].lock();
-            let live = shard
-                .entries
-                .get(&digest)
-                .is_some_and(|slot| slot.expires_at > now);
-            if shard.entries.remove(&digest) {
+            if let Some(slot) = shard.entries.remove(&digest) {
                 shared.tracked.fetch_sub(1, Ordering::Relaxed);
-                cleared += u64::from(live);
+                cleared += u64::from(slot.expires_at > now);
             }
         }
         cleared

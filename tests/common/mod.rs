@@ -367,6 +367,39 @@ pub async fn should_rate_limit(
         .into_inner()
 }
 
+/// Sends `total` requests for one descriptor of `entries` in `domain`, round-robin over
+/// `clients`, `concurrency` at a time; counts each answer ("OK", "OVER_LIMIT", or the gRPC
+/// error code).
+pub async fn drive(
+    clients: &[RateLimitServiceClient<Channel>],
+    domain: &str,
+    entries: &[(&str, &str)],
+    total: usize,
+    concurrency: usize,
+) -> std::collections::HashMap<String, usize> {
+    let mut counts = std::collections::HashMap::new();
+    let mut sent = 0;
+    while sent < total {
+        let wave = concurrency.min(total - sent);
+        let mut tasks = Vec::with_capacity(wave);
+        for i in 0..wave {
+            let mut client = clients[(sent + i) % clients.len()].clone();
+            let request = request(domain, vec![descriptor(entries)]);
+            tasks.push(tokio::spawn(async move {
+                match client.should_rate_limit(request).await {
+                    Ok(r) => r.into_inner().overall_code().as_str_name().to_owned(),
+                    Err(status) => format!("{:?}", status.code()),
+                }
+            }));
+        }
+        for task in tasks {
+            *counts.entry(task.await.unwrap()).or_default() += 1;
+        }
+        sent += wave;
+    }
+    counts
+}
+
 /// The value of one Prometheus `series` (name and labels exactly as printed) on `page`.
 pub fn metric<T: std::str::FromStr>(page: &str, series: &str) -> Option<T> {
     page.lines()

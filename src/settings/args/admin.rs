@@ -47,12 +47,7 @@ impl AdminArgs {
                     "needs mutual TLS on the gRPC port (GRPC_SERVER_USE_TLS=true with GRPC_CLIENT_TLS_CACERT)",
                 ));
             }
-            crate::tls::client_name(san).map_err(|e| {
-                named(
-                    &["admin_reset_client_san"],
-                    e.replace("GRPC_CLIENT_TLS_SAN", "name"),
-                )
-            })?;
+            crate::tls::client_name(san).map_err(|e| named(&["admin_reset_client_san"], e))?;
         }
         Ok(ResetSettings {
             token_file,

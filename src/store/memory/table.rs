@@ -64,15 +64,15 @@ impl<V> Table<V> {
         &self.entries[at].1
     }
 
-    /// Removes the counter with `digest`; answers whether there was one.
-    pub(super) fn remove(&mut self, digest: &Digest) -> bool {
-        match self.index.get(digest) {
-            Some(&at) => {
-                self.remove_at(at as usize);
-                true
-            }
-            None => false,
-        }
+    /// Removes the counter with `digest`; answers it, if there was one.
+    pub(super) fn remove(&mut self, digest: &Digest) -> Option<V>
+    where
+        V: Copy,
+    {
+        let at = *self.index.get(digest)? as usize;
+        let value = self.entries[at].1;
+        self.remove_at(at);
+        Some(value)
     }
 
     /// Removes the counter at position `at`; the last one takes its place.

@@ -57,7 +57,17 @@ impl Shared {
             .map_or_else(|| SystemClock.now(), |c| c.now())
     }
 
-    /// The Redis key of `op`'s counter at `now` (µs).
+    /// The time reference-layout keys among `ops` name their window by: this instance's
+    /// clock, read only when one of them needs it (0 otherwise).
+    pub(super) fn keys_now<'a>(&self, mut ops: impl Iterator<Item = &'a CounterOp>) -> Micros {
+        if ops.any(is_reference) {
+            self.local_now()
+        } else {
+            0
+        }
+    }
+
+    /// The Redis key of `op`'s counter at `now` (µs; see [`Shared::keys_now`]).
     pub(super) fn key_of(&self, op: &CounterOp, now: Micros) -> String {
         let mut key = String::with_capacity(self.prefix.len() + op.key.as_str().len() + 12);
         key.push_str(&self.prefix);

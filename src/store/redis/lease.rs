@@ -13,15 +13,7 @@ use crate::algorithm::{Decision, Micros};
 use crate::store::{Grant, LeaseAsk, StoreError, Take};
 
 /// The lease script: the algorithms of the counter script, then the lease driver.
-pub const LEASE_SCRIPT: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/token_bucket.lua"),
-    include_str!("lua/concurrency.lua"),
-    include_str!("lua/dispatch.lua"),
-    include_str!("lua/lease.lua"),
-);
+pub const LEASE_SCRIPT: &str = with_algorithms!("lua/lease.lua");
 
 pub(super) static LEASES: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_SCRIPT));
 

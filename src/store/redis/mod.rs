@@ -10,6 +10,22 @@
 //! the hits already charged in other groups are refunded (the error is conservative: briefly
 //! counting hits that were not admitted, never admitting more than the limit).
 
+/// A script: the prelude, one function per algorithm and their dispatch table, then `driver`
+/// (the counter script's `batch.lua` or the lease script's `lease.lua`).
+macro_rules! with_algorithms {
+    ($driver:literal) => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            include_str!("lua/fixed_window.lua"),
+            include_str!("lua/sliding_window.lua"),
+            include_str!("lua/token_bucket.lua"),
+            include_str!("lua/concurrency.lua"),
+            include_str!("lua/dispatch.lua"),
+            include_str!($driver),
+        )
+    };
+}
+
 mod coalesce;
 mod connect;
 mod keys;
@@ -39,15 +55,7 @@ use crate::clock::Clock;
 /// The script: one function per algorithm (each mirroring its Rust file) and the batch
 /// driver. Sent with EVALSHA; after NOSCRIPT (e.g. when Redis restarted empty) it is loaded
 /// again and the call repeated.
-pub const SCRIPT: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/token_bucket.lua"),
-    include_str!("lua/concurrency.lua"),
-    include_str!("lua/dispatch.lua"),
-    include_str!("lua/batch.lua"),
-);
+pub const SCRIPT: &str = with_algorithms!("lua/batch.lua");
 
 static COUNTERS: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT));
 
@@ -164,7 +172,7 @@ impl RedisStore {
         quota_as_shadow: bool,
         guards: Option<&[i64]>,
     ) -> Part {
-        let now = self.shared.local_now();
+        let now = self.shared.keys_now(ops.iter().copied());
         let mut args = Vec::with_capacity(args::HEADER + args::PER_COUNTER * ops.len());
         let admission = match admission {
             Admission::ByRule => args::ADMIT_BY_RULE,
@@ -271,7 +279,7 @@ impl RedisStore {
         // One call per hash slot. Each group admits on its own (quota operations
         // decided globally below), then the request's rule is applied to all decisions.
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        let now = self.shared.local_now();
+        let now = self.shared.keys_now(batch.ops.iter());
         for (i, op) in batch.ops.iter().enumerate() {
             let key = self.shared.key_of(op, now);
             groups
