@@ -4,7 +4,25 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::settings::{LogFormat, LogSettings};
+use clap::ValueEnum;
+
+/// Logging settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// `trace`, `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    /// Output format.
+    pub format: LogFormat,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber; later calls are ignored.
 pub fn init(settings: &LogSettings) {

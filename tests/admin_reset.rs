@@ -101,7 +101,7 @@ async fn a_client_certificate_for_the_named_san_may_reset_on_the_mutual_tls_port
             token_file: None,
             client_san: Some(san.into()),
         });
-        settings.grpc_tls = Some(sluice::tls::TlsFiles {
+        settings.grpc_tls = Some(sluice::net::tls::TlsFiles {
             cert: certs.join("server.crt"),
             key: certs.join("server.key"),
             client_ca: Some(certs.join("ca.crt")),

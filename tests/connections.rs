@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{SluiceProcess, TestServer, config_dir, descriptor, http_get, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::connection::ConnectionLimits;
+use sluice::net::connection::ConnectionLimits;
 use sluice::settings::Settings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -11,7 +11,8 @@ use std::net::TcpListener as StdListener;
 use common::envoy::{self, Envoy};
 use common::otlp::Collector;
 use common::{TestServer, config_dir};
-use sluice::settings::{OtlpProtocol, Settings};
+use sluice::settings::Settings;
+use sluice::traces::OtlpProtocol;
 
 const CONFIG: &str = r#"
 domain: edge

@@ -20,11 +20,11 @@ use http_body_util::BodyExt;
 use proptest::prelude::*;
 use prost::Message;
 use sluice::admin::{AdminState, ConfigInfo, router};
+use sluice::app::{Metrics, Scrape};
 use sluice::clock::SystemClock;
 use sluice::config::{LoadOptions, load_sources};
 use sluice::health::Health;
 use sluice::limiter::{Limiter, LimiterOptions};
-use sluice::metrics::Metrics;
 use sluice::rls::RlsService;
 use sluice::store::MemoryStore;
 use sluice::store::memory::MemoryOptions;
@@ -79,9 +79,12 @@ fn service() -> (RlsService, AdminState) {
     health.set_serving(true);
     let state = AdminState {
         rls: rls.clone(),
-        limiter,
+        limiter: limiter.clone(),
         health,
-        metrics: Arc::new(Metrics::new(0.8, 100)),
+        metrics: Arc::new(Scrape {
+            metrics: Arc::new(Metrics::new(0.8, 100)),
+            limiter: limiter.clone(),
+        }),
         config: Arc::new(parking_lot::RwLock::new(ConfigInfo::default())),
         reset: Arc::new(sluice::admin::ResetAccess::new(
             Default::default(),

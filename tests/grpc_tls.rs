@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{TestServer, config_dir, descriptor, request, temp_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::net::tls::TlsFiles;
 use sluice::settings::Settings;
-use sluice::tls::TlsFiles;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 const CONFIG: &str =

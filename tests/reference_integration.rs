@@ -25,9 +25,9 @@ use common::{TestServer, config_dir, descriptor, request, should_rate_limit, tem
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::net::tls::TlsFiles;
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
-use sluice::tls::TlsFiles;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 /// `basic.yaml`.

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use common::{TestServer, config_dir, eventually};
 use parking_lot::Mutex;
-use sluice::settings::{Settings, StatsdFormat, StatsdSettings};
+use sluice::metrics::statsd::{StatsdFormat, StatsdSettings};
+use sluice::settings::Settings;
 use tokio::io::AsyncBufReadExt;
 
 const CONFIG: &str = r#"

@@ -10,8 +10,9 @@ use std::time::Duration;
 use common::otlp::{Collector, Span};
 use common::{TestServer, config_dir, descriptors, eventually, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice::settings::{Backend, OtlpProtocol, Settings, TracingSettings};
+use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
+use sluice::traces::{OtlpProtocol, TracingSettings};
 
 const CONFIG: &str = r#"
 domain: shop

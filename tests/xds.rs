@@ -13,7 +13,8 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 use prost::Name;
-use sluice::settings::{Settings, XdsSettings};
+use sluice::settings::Settings;
+use sluice::source::xds::XdsSettings;
 
 /// Envoy Gateway's shape: a route descriptor whose value is the route name, nested
 /// `rule-N-match-M` descriptors; `per_hour` hits an hour.
@@ -252,7 +253,7 @@ async fn the_control_plane_is_reached_over_mutual_tls() {
     common::certs::make(&certs);
     let plane = Running::start_mutual_tls(&certs).await;
     plane.serve("1", &[gateway(2)]);
-    let tls = |cert: bool| sluice::settings::XdsTls {
+    let tls = |cert: bool| sluice::source::xds::XdsTls {
         ca: Some(certs.join("ca.crt")),
         cert: cert.then(|| certs.join("client.crt")),
         key: cert.then(|| certs.join("client.key")),

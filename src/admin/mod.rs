@@ -15,7 +15,6 @@ pub mod api;
 pub mod counters;
 pub mod json;
 mod reset;
-mod serve;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -30,14 +29,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 use crate::health::Health;
 use crate::limiter::Limiter;
-use crate::metrics::Metrics;
-use crate::reload::SharedConfigInfo;
+use crate::metrics::Exposition;
 use crate::rls::RlsService;
+use crate::source::SharedConfigInfo;
 
-pub use crate::reload::ConfigInfo;
+pub use crate::source::ConfigInfo;
 pub use api::AdminService;
 pub use reset::{MAX_TOKEN_BYTES, Refusal, ResetAccess, ResetSettings, read_token};
-pub use serve::serve;
 
 /// What the admin handlers share.
 #[derive(Clone)]
@@ -51,7 +49,7 @@ pub struct AdminState {
     /// The loaded config's origin and the last reload's outcome.
     pub config: SharedConfigInfo,
     /// Metrics, served at `/metrics`.
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<dyn Exposition>,
     /// Who may reset counters (`DELETE /counters`).
     pub reset: Arc<ResetAccess>,
 }
@@ -141,17 +139,17 @@ async fn ready(State(state): State<AdminState>) -> Response {
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
-    metrics_text(&state.metrics, &state.limiter)
+    metrics_text(&*state.metrics)
 }
 
 /// The Prometheus text exposition (also served on `PROMETHEUS_ADDR` when set).
-pub fn metrics_text(metrics: &Metrics, limiter: &Limiter) -> Response {
+pub fn metrics_text(metrics: &dyn Exposition) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics.render(&limiter.store().status()),
+        metrics.render(),
     )
         .into_response()
 }

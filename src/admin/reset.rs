@@ -98,7 +98,7 @@ impl ResetAccess {
         let name = settings
             .client_san
             .as_deref()
-            .and_then(|san| crate::tls::client_name(san).ok());
+            .and_then(|san| crate::net::tls::client_name(san).ok());
         Self {
             settings,
             name,

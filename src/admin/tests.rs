@@ -21,7 +21,7 @@ fn state(serving: bool) -> AdminState {
         rls: RlsService::new(limiter.clone()),
         limiter,
         health,
-        metrics: Arc::new(Metrics::new(0.8, 100)),
+        metrics: Arc::new(prometheus::Registry::new()),
         reset: Arc::new(super::ResetAccess::new(
             Default::default(),
             &prometheus::Registry::new(),

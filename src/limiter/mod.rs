@@ -2,9 +2,11 @@
 // a request takes them (the statuses `respond` builds are in status.rs).
 //! One rate limit request, end to end: match each descriptor to a rule, apply `replaces`,
 //! send every counter to the store in one batch, and build the statuses and overall code.
+//! Beside it: [`series`], the per-rule metric series that observe it.
 
 mod inspect;
 mod observe;
+pub mod series;
 mod status;
 mod types;
 
@@ -16,6 +18,7 @@ use arc_swap::ArcSwap;
 
 pub use inspect::{CounterState, Explained, ExplainedLimit, Explanation, Outcome, Step};
 pub use observe::{LimitEvent, NoObserver, Observer};
+pub use series::RuleSeries;
 use status::{Described, merged_metadata, override_key, status};
 pub use types::{
     AnsweredBy, AppliedLimit, Code, Descriptor, DescriptorStatus, Entry, LimitOverride,
@@ -149,6 +152,7 @@ impl Limiter {
 
     /// Replaces the policy as a whole; requests in flight finish on the old one.
     pub fn set_policy(&self, policy: Arc<Policy>) {
+        self.observer.policy_swapped(&policy);
         self.policy.store(policy);
     }
 

@@ -1,10 +1,10 @@
-//! What the limiter reports as it answers, for metrics: an observer trait, so that the
-//! limiter does not depend on the metrics module (which sits above it).
+//! What the limiter reports as it answers and when its policy changes, for metrics: an
+//! observer trait, so that the limiter knows nothing of the registry `app` assembles.
 
 use std::time::Duration;
 
 use crate::algorithm::Decision;
-use crate::policy::{RateLimit, Rule};
+use crate::policy::{Policy, RateLimit, Rule};
 
 use super::Descriptor;
 
@@ -34,6 +34,9 @@ pub trait Observer: Send + Sync + 'static {
     fn global_shadow_mode(&self) {}
     /// The store answered (or failed) after `elapsed`.
     fn store_call(&self, _elapsed: Duration, _ok: bool) {}
+    /// `policy` is about to replace the policy in force (a reload or an xDS push): what is
+    /// kept per rule of the old one may go.
+    fn policy_swapped(&self, _policy: &Policy) {}
 }
 
 /// An observer that ignores everything.

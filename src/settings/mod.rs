@@ -21,13 +21,17 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 
-use crate::connection::ConnectionLimits;
 use crate::limiter::LimiterOptions;
+use crate::logging::{LogFormat, LogSettings};
+use crate::metrics::statsd::StatsdSettings;
+use crate::net::connection::ConnectionLimits;
+use crate::net::tls::TlsFiles;
 use crate::rls::ResponseOptions;
+use crate::source::xds::XdsSettings;
 use crate::store::memory::MemoryOptions;
 use crate::store::redis::RedisOptions;
 use crate::store::resilient::ResilienceOptions;
-use crate::tls::TlsFiles;
+use crate::traces::TracingSettings;
 
 /// Validated settings of a serving process.
 #[derive(Debug, Clone)]
@@ -135,124 +139,6 @@ impl Default for StoreStartup {
     }
 }
 
-/// The xDS config source (`CONFIG_TYPE=GRPC_XDS_SOTW`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct XdsSettings {
-    /// The control plane's ADS address.
-    pub server_url: String,
-    /// The node id Sluice subscribes as.
-    pub node_id: String,
-    /// Node metadata (string values).
-    pub node_metadata: Vec<(String, String)>,
-    /// gRPC metadata sent with the subscription.
-    pub headers: Vec<(String, String)>,
-    /// Time allowed to connect.
-    pub connect_timeout: Duration,
-    /// First wait before reconnecting.
-    pub backoff_initial: Duration,
-    /// Longest wait between reconnections.
-    pub backoff_max: Duration,
-    /// Each wait is moved at random by up to this share of itself (0: not at all).
-    pub backoff_random: f64,
-    /// Largest control-plane message accepted.
-    pub max_message_bytes: usize,
-    /// Serve before the first configuration arrives (`FORCE_START_WITHOUT_INITIAL_CONFIG`).
-    pub force_start: bool,
-    /// TLS to the control plane.
-    pub tls: Option<XdsTls>,
-}
-
-/// TLS to the control plane.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct XdsTls {
-    /// CA bundle its certificate must chain to (`None`: the system roots).
-    pub ca: Option<PathBuf>,
-    /// Client certificate (mutual TLS).
-    pub cert: Option<PathBuf>,
-    /// Client key.
-    pub key: Option<PathBuf>,
-    /// Name its certificate must be valid for (`None`: the address's host).
-    pub server_name: Option<String>,
-}
-
-/// The OTLP trace exporter and its queue.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TracingSettings {
-    /// Transport.
-    pub protocol: OtlpProtocol,
-    /// The collector's URL for traces (with `/v1/traces` for HTTP).
-    pub endpoint: String,
-    /// Headers sent with every export.
-    pub headers: Vec<(String, String)>,
-    /// Longest wait for one export.
-    pub timeout: Duration,
-    /// `service.name`.
-    pub service_name: String,
-    /// `service.namespace` (empty: none).
-    pub service_namespace: String,
-    /// `service.instance.id` (`None`: a random UUID).
-    pub service_instance_id: Option<String>,
-    /// Share of traces started here that are sampled (a caller's decision wins).
-    pub sampling_rate: f64,
-    /// Whether spans carry descriptor values (`TRACING_DESCRIPTOR_VALUES`).
-    pub descriptor_values: bool,
-    /// Spans waiting for export at most (`OTEL_BSP_MAX_QUEUE_SIZE`).
-    pub max_queue: usize,
-    /// Spans in one export at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
-    pub max_batch: usize,
-    /// Longest wait of a span for its batch (`OTEL_BSP_SCHEDULE_DELAY`).
-    pub schedule_delay: Duration,
-}
-
-/// OTLP transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OtlpProtocol {
-    /// Protobuf over HTTP (`http/protobuf`).
-    Http,
-    /// gRPC.
-    Grpc,
-}
-
-/// Where and how the reference's stats are sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatsdSettings {
-    /// statsd over TCP, or DogStatsD over UDP.
-    pub format: StatsdFormat,
-    /// Server host.
-    pub host: String,
-    /// Server port.
-    pub port: u16,
-    /// `EXTRA_TAGS`, sorted by key.
-    pub extra_tags: Vec<(String, String)>,
-    /// DogStatsD only: the reference's mogrifiers (`USE_DOG_STATSD_MOGRIFIERS`), in order.
-    pub mogrifiers: Vec<Mogrifier>,
-    /// How often stats are sent.
-    pub flush_interval: Duration,
-}
-
-/// A DogStatsD mogrifier: a stat whose name matches `pattern` is sent as `name` with `tags`,
-/// where `$1`, `$2`, ... are the pattern's groups.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mogrifier {
-    /// Its name in `USE_DOG_STATSD_MOGRIFIERS`.
-    pub id: String,
-    /// A regular expression (checked when the settings are read).
-    pub pattern: String,
-    /// The name sent.
-    pub name: String,
-    /// Tags sent, `key`, `value` with `$n` in either.
-    pub tags: Vec<(String, String)>,
-}
-
-/// The stats protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatsdFormat {
-    /// Plain statsd lines over TCP, tags in the name (`.__k=v`), as the reference's default sink.
-    Statsd,
-    /// DogStatsD over UDP, tags as `|#k:v`.
-    DogStatsd,
-}
-
 /// Where the separate Prometheus listener serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrometheusListener {
@@ -260,24 +146,6 @@ pub struct PrometheusListener {
     pub addr: SocketAddr,
     /// Path of the exposition.
     pub path: String,
-}
-
-/// Logging settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogSettings {
-    /// `trace`, `debug`, `info`, `warn` or `error`.
-    pub level: String,
-    /// Output format.
-    pub format: LogFormat,
-}
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// Counter store.

@@ -108,7 +108,7 @@ fn booleans_and_durations_parse_like_the_reference() {
 
 #[test]
 fn connection_bounds_default_like_the_tests_take_flags_and_refuse_zero() {
-    use crate::connection::ConnectionLimits;
+    use crate::net::connection::ConnectionLimits;
     let overridden = [
         "ADMIN_MAX_CONNECTIONS",
         "ADMIN_HEADER_TIMEOUT",

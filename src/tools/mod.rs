@@ -83,7 +83,7 @@ pub async fn connect(
 
 /// A gRPC channel to `addr`, as [`connect`] makes it.
 pub async fn channel(addr: &str, tls: &ClientTls) -> Result<Channel, ToolError> {
-    let url = crate::tls::client_url(addr, tls.enabled());
+    let url = crate::net::tls::client_url(addr, tls.enabled());
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| ToolError::Usage(format!("invalid --addr '{addr}': {e}")))?
         .tcp_nodelay(true);

@@ -10,6 +10,7 @@ mod export;
 mod span;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, TextMapCompositePropagator, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
@@ -24,7 +25,43 @@ use tokio_util::sync::CancellationToken;
 
 pub use span::{Method, RequestSpan};
 
-use crate::settings::{OtlpProtocol, TracingSettings};
+/// The OTLP trace exporter and its queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// Transport.
+    pub protocol: OtlpProtocol,
+    /// The collector's URL for traces (with `/v1/traces` for HTTP).
+    pub endpoint: String,
+    /// Headers sent with every export.
+    pub headers: Vec<(String, String)>,
+    /// Longest wait for one export.
+    pub timeout: Duration,
+    /// `service.name`.
+    pub service_name: String,
+    /// `service.namespace` (empty: none).
+    pub service_namespace: String,
+    /// `service.instance.id` (`None`: a random UUID).
+    pub service_instance_id: Option<String>,
+    /// Share of traces started here that are sampled (a caller's decision wins).
+    pub sampling_rate: f64,
+    /// Whether spans carry descriptor values (`TRACING_DESCRIPTOR_VALUES`).
+    pub descriptor_values: bool,
+    /// Spans waiting for export at most (`OTEL_BSP_MAX_QUEUE_SIZE`).
+    pub max_queue: usize,
+    /// Spans in one export at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
+    pub max_batch: usize,
+    /// Longest wait of a span for its batch (`OTEL_BSP_SCHEDULE_DELAY`).
+    pub schedule_delay: Duration,
+}
+
+/// OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// Protobuf over HTTP (`http/protobuf`).
+    Http,
+    /// gRPC.
+    Grpc,
+}
 
 /// The tracer, the propagators and the export task.
 pub struct Tracing {

@@ -266,10 +266,10 @@ impl Collector {
 /// Sluice's trace settings for tests: export to `endpoint` by `protocol` at once (a 50 ms
 /// batch delay), as service `ratelimit`.
 pub fn tracing_settings(
-    protocol: sluice::settings::OtlpProtocol,
+    protocol: sluice::traces::OtlpProtocol,
     endpoint: String,
-) -> sluice::settings::TracingSettings {
-    sluice::settings::TracingSettings {
+) -> sluice::traces::TracingSettings {
+    sluice::traces::TracingSettings {
         protocol,
         endpoint,
         headers: Vec::new(),

@@ -164,8 +164,8 @@ impl Running {
 
     /// Client settings for this control plane: node `envoy-ratelimit`, reconnecting within
     /// a few hundred milliseconds.
-    pub fn client(&self) -> sluice::settings::XdsSettings {
-        sluice::settings::XdsSettings {
+    pub fn client(&self) -> sluice::source::xds::XdsSettings {
+        sluice::source::xds::XdsSettings {
             server_url: self.addr.to_string(),
             node_id: "envoy-ratelimit".into(),
             node_metadata: Vec::new(),

@@ -1,6 +1,6 @@
 //! Stats names as the reference writes them, and DogStatsD's mogrifiers, which rewrite them.
 
-use crate::settings::Mogrifier;
+use super::Mogrifier;
 
 /// A stats key as the reference writes it: `:` and `|` (the protocol's separators) as `_`,
 /// and the dots of an IPv4 address as `_` (so that an address is one name component).

@@ -8,7 +8,7 @@ use prometheus::IntCounter;
 use tokio::io::AsyncWriteExt;
 
 use super::IO_TIMEOUT;
-use crate::settings::{StatsdFormat, StatsdSettings};
+use super::{StatsdFormat, StatsdSettings};
 
 /// Largest DogStatsD datagram: one that is not fragmented on an Ethernet path (the size
 /// DogStatsD clients use).

@@ -7,8 +7,8 @@ use clap::Args;
 
 use super::named;
 use crate::admin::ResetSettings;
+use crate::net::tls::TlsFiles;
 use crate::settings::SettingsError;
-use crate::tls::TlsFiles;
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Admin API")]
@@ -47,7 +47,7 @@ impl AdminArgs {
                     "needs mutual TLS on the gRPC port (GRPC_SERVER_USE_TLS=true with GRPC_CLIENT_TLS_CACERT)",
                 ));
             }
-            crate::tls::client_name(san).map_err(|e| named(&["admin_reset_client_san"], e))?;
+            crate::net::tls::client_name(san).map_err(|e| named(&["admin_reset_client_san"], e))?;
         }
         Ok(ResetSettings {
             token_file,

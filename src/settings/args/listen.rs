@@ -9,9 +9,9 @@ use clap::Args;
 
 use super::super::parse::{parse_count, parse_duration, parse_positive_duration, resolve_addr};
 use super::named;
-use crate::connection::ConnectionLimits;
+use crate::net::connection::ConnectionLimits;
+use crate::net::tls::{ReloadingTls, TlsFiles};
 use crate::settings::SettingsError;
-use crate::tls::{ReloadingTls, TlsFiles};
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Listeners")]

@@ -7,7 +7,8 @@ use clap::Args;
 
 use super::super::parse::parse_positive_duration;
 use super::named;
-use crate::settings::{Mogrifier, SettingsError, StatsdFormat, StatsdSettings};
+use crate::metrics::statsd::{Mogrifier, StatsdFormat, StatsdSettings};
+use crate::settings::SettingsError;
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "statsd and DogStatsD")]

@@ -5,7 +5,8 @@ use clap::Args;
 
 use super::super::parse::{parse_log_level, parse_ratio, resolve_addr};
 use super::named;
-use crate::settings::{LogFormat, LogSettings, PrometheusListener, SettingsError};
+use crate::logging::{LogFormat, LogSettings};
+use crate::settings::{PrometheusListener, SettingsError};
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Telemetry")]

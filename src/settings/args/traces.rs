@@ -8,7 +8,8 @@ use clap::Args;
 
 use super::super::parse::parse_count;
 use super::named;
-use crate::settings::{OtlpProtocol, SettingsError, TracingSettings};
+use crate::settings::SettingsError;
+use crate::traces::{OtlpProtocol, TracingSettings};
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Traces (OpenTelemetry)")]

@@ -9,7 +9,8 @@ use clap::Args;
 
 use super::super::parse::{parse_duration, parse_positive_duration, parse_ratio};
 use super::named;
-use crate::settings::{SettingsError, XdsSettings, XdsTls};
+use crate::settings::SettingsError;
+use crate::source::xds::{XdsSettings, XdsTls};
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW)")]

@@ -19,18 +19,19 @@ use crate::clock::Clock;
 use crate::config::{self, ConfigError, LoadOptions};
 use crate::health::Health;
 use crate::limiter::Limiter;
-use crate::metrics::Metrics;
-use crate::reload::{ConfigInfo, PolicySwap, ReloadOptions, Reloader, SharedConfigInfo};
+use crate::net::http;
+use crate::net::tls::ReloadingTls;
 use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::Settings;
-use crate::tls::ReloadingTls;
-use crate::xds::XdsSource;
+use crate::source::{ConfigInfo, PolicySwap, ReloadOptions, Reloader, SharedConfigInfo, XdsSource};
 
 mod listeners;
+mod metrics;
 mod running;
 mod store;
 
 pub use listeners::{GrpcListener, Listeners};
+pub use metrics::{Metrics, Scrape};
 use running::{Running, follow_requirements, report_health};
 use store::{Time, build_store};
 
@@ -121,7 +122,7 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         None => {
             let loaded =
                 config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
-            metrics.config.loaded(true);
+            metrics.config().loaded(true);
             (loaded, settings.config_dir.display().to_string())
         }
     };
@@ -255,19 +256,19 @@ impl Prepared {
             limiter: self.limiter.clone(),
             health: health.clone(),
             config: self.config.clone(),
-            metrics: self.metrics.clone(),
+            metrics: Arc::new(self.scrape()),
             reset: self.reset.clone(),
         });
         if let Some(listener) = listeners.debug {
             tracing::info!(addr = ?listener.local_addr().ok(), "serving the admin endpoints on the debug listener too");
-            tokio::spawn(admin::serve(
+            tokio::spawn(http::serve(
                 listener,
                 router.clone(),
                 self.settings.admin_connections,
                 drain.clone().cancelled_owned(),
             ));
         }
-        let http = admin::serve(
+        let http = http::serve(
             listeners.http,
             router,
             self.settings.admin_connections,
@@ -387,13 +388,13 @@ impl Prepared {
         };
         let future: ServerFuture = match &self.settings.grpc_tls {
             None => {
-                let incoming = crate::connection::incoming(listener, limits, lifetime);
+                let incoming = crate::net::connection::incoming(listener, limits, lifetime);
                 Box::pin(server.serve_with_incoming_shutdown(incoming, stop))
             }
             Some(files) => {
                 let tls = Arc::new(ReloadingTls::new(files.clone()).map_err(AppError::Serve)?);
                 tracing::info!(mutual = files.client_ca.is_some(), "gRPC over TLS");
-                let incoming = crate::tls::incoming(listener, tls, limits, lifetime);
+                let incoming = crate::net::tls::incoming(listener, tls, limits, lifetime);
                 Box::pin(server.serve_with_incoming_shutdown(incoming, stop))
             }
         };
@@ -411,11 +412,7 @@ impl Prepared {
         let Some(xds) = &self.settings.xds else {
             return tokio::spawn(self.reloader().run(stop));
         };
-        let swap = PolicySwap::new(
-            self.limiter.clone(),
-            self.metrics.clone(),
-            self.config.clone(),
-        );
+        let swap = self.policy_swap();
         let load = LoadOptions {
             merge_domains: self.settings.merge_domains,
         };
@@ -433,10 +430,25 @@ impl Prepared {
                 interval: self.settings.config_watch_interval,
                 settle: std::time::Duration::from_millis(250),
             },
+            self.policy_swap(),
+        )
+    }
+
+    /// The swap every config source goes through, into the limiter.
+    fn policy_swap(&self) -> PolicySwap {
+        PolicySwap::new(
             self.limiter.clone(),
-            self.metrics.clone(),
+            self.metrics.config(),
             self.config.clone(),
         )
+    }
+
+    /// What the metrics endpoints render.
+    fn scrape(&self) -> Scrape {
+        Scrape {
+            metrics: self.metrics.clone(),
+            limiter: self.limiter.clone(),
+        }
     }
 
     /// Serves the metrics alone on `listener` (`USE_PROMETHEUS`), until `drain`.
@@ -444,16 +456,16 @@ impl Prepared {
         let Some(prometheus) = &self.settings.prometheus else {
             return;
         };
-        let (limiter, metrics) = (self.limiter.clone(), self.metrics.clone());
+        let scrape = Arc::new(self.scrape());
         let router = axum::Router::new().route(
             &prometheus.path,
             axum::routing::get(move || {
-                let (limiter, metrics) = (limiter.clone(), metrics.clone());
-                async move { admin::metrics_text(&metrics, &limiter) }
+                let scrape = scrape.clone();
+                async move { admin::metrics_text(&*scrape) }
             }),
         );
         tracing::info!(addr = %prometheus.addr, path = %prometheus.path, "serving Prometheus metrics");
-        tokio::spawn(admin::serve(
+        tokio::spawn(http::serve(
             listener,
             router,
             self.settings.admin_connections,

@@ -9,12 +9,19 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
-use super::{MAX_UNKNOWN_DOMAINS, OVERFLOW, counter, counter_vec};
-use crate::limiter::LimitEvent;
+use super::{LimitEvent, Observer};
+use crate::metrics::{counter, counter_vec};
 use crate::policy::Policy;
 
+/// Label value of the series that takes hits past the detailed-series cap.
+pub const OVERFLOW: &str = "__overflow__";
+
+/// Most unknown domains counted in `ratelimit_service_domain_not_found` series of their own
+/// (they come from requests); the rest are counted under `domain="__overflow__"`.
+pub const MAX_UNKNOWN_DOMAINS: usize = 100;
+
 /// The per-rule series and what finds them fast.
-pub(super) struct RuleSeries {
+pub struct RuleSeries {
     near_limit_ratio: f64,
     rules: RuleMetrics,
     /// Per-rule series handles by label tuple (so the hot path does one map lookup), with the
@@ -63,7 +70,7 @@ type Series = (Option<String>, Arc<RuleHandles>);
 impl RuleSeries {
     /// Registers the per-rule metrics into `r`. `max_detailed` caps the series of
     /// `detailed_metric`/`value_to_metric` rules.
-    pub(super) fn register(r: &Registry, near_limit_ratio: f64, max_detailed: usize) -> Self {
+    pub fn register(r: &Registry, near_limit_ratio: f64, max_detailed: usize) -> Self {
         let rule = |name: &str, help: &str| {
             counter_vec(
                 r,
@@ -115,40 +122,8 @@ impl RuleSeries {
         }
     }
 
-    pub(super) fn limit_decided(&self, event: &LimitEvent<'_>) {
-        let hits = event.descriptor.hits;
-        if hits <= 0 {
-            return; // refunds and peeks are not hits
-        }
-        let hits = hits as u64;
-        let plain = event
-            .rule
-            .filter(|r| !r.detailed_metric && !r.value_to_metric);
-        let cached = plain.and_then(|rule| self.by_rule.read().get(&rule.stats_key).cloned());
-        let h = match cached {
-            Some(h) => h,
-            None => self.series(event, hits, plain),
-        };
-        self.count(&h, event, hits);
-    }
-
-    pub(super) fn domain_not_found(&self, domain: &str) {
-        let domain = label_value(domain);
-        let known = {
-            let mut seen = self.unknown_domains.lock();
-            seen.contains(domain.as_ref())
-                || (seen.len() < MAX_UNKNOWN_DOMAINS && seen.insert(domain.clone().into_owned()))
-        };
-        let label = if known { domain.as_ref() } else { OVERFLOW };
-        self.domain_not_found.with_label_values(&[label]).inc();
-    }
-
-    pub(super) fn global_shadow_mode(&self) {
-        self.global_shadow_mode.inc();
-    }
-
-    /// Drops the series of rules that `policy` no longer has (after a reload).
-    pub(super) fn retain(&self, policy: &Policy) {
+    /// Drops the series of rules that `policy` no longer has.
+    fn retain(&self, policy: &Policy) {
         let live: HashSet<&str> = policy
             .rules()
             .iter()
@@ -347,6 +322,46 @@ impl RuleMetrics {
 /// Runtime values longer than this many bytes are shortened in labels.
 const MAX_LABEL_VALUE: usize = 128;
 
+impl Observer for RuleSeries {
+    fn limit_decided(&self, event: &LimitEvent<'_>) {
+        let hits = event.descriptor.hits;
+        if hits <= 0 {
+            return; // refunds and peeks are not hits
+        }
+        let hits = hits as u64;
+        let plain = event
+            .rule
+            .filter(|r| !r.detailed_metric && !r.value_to_metric);
+        let cached = plain.and_then(|rule| self.by_rule.read().get(&rule.stats_key).cloned());
+        let h = match cached {
+            Some(h) => h,
+            None => self.series(event, hits, plain),
+        };
+        self.count(&h, event, hits);
+    }
+
+    fn domain_not_found(&self, domain: &str) {
+        let domain = label_value(domain);
+        let known = {
+            let mut seen = self.unknown_domains.lock();
+            seen.contains(domain.as_ref())
+                || (seen.len() < MAX_UNKNOWN_DOMAINS && seen.insert(domain.clone().into_owned()))
+        };
+        let label = if known { domain.as_ref() } else { OVERFLOW };
+        self.domain_not_found.with_label_values(&[label]).inc();
+    }
+
+    fn global_shadow_mode(&self) {
+        self.global_shadow_mode.inc();
+    }
+
+    /// Drops the series of rules that `policy` no longer has (after a reload).
+
+    fn policy_swapped(&self, policy: &Policy) {
+        self.retain(policy);
+    }
+}
+
 /// A runtime value as a label carries it: as is, or, past [`MAX_LABEL_VALUE`] bytes, its first
 /// 64 bytes, `~` and 16 hex digits of its SHA-256 (still one series per value, and a 1 MB header
 /// value cannot make a 1 MB label; the detailed-series cap bounds how many there are).
@@ -362,3 +377,6 @@ pub(super) fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
     crate::store::push_sha256_hex(&mut out, value, 8);
     out.into()
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,7 +4,7 @@
 //! Handshakes run in their own tasks, so a slow or broken client never holds up the accept
 //! loop; a failed handshake is logged and dropped, never fatal to the server. Connections
 //! count toward the gRPC connection cap from accept on, and the TLS handshake and then the
-//! HTTP/2 preface must be over within the handshake timeout (see [`crate::connection`]).
+//! HTTP/2 preface must be over within the handshake timeout (see [`super::connection`]).
 
 use parking_lot::{Mutex, RwLock};
 use std::path::PathBuf;
@@ -22,7 +22,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 
-use crate::connection::{ConnectionLimits, Guarded, accept_into};
+use super::connection::{ConnectionLimits, Guarded, accept_into};
 
 /// How often the certificate files are checked for changes, at most.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);

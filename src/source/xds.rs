@@ -8,7 +8,9 @@
 //! reconnects with a jittered exponential backoff and subscribes again. No request ever waits
 //! on the control plane: it only swaps the policy.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -19,10 +21,49 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
 use prost::{Message, Name};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use super::PolicySwap;
 use crate::config::{ConfigError, LoadOptions, Loaded, proto};
 use crate::health::Health;
-use crate::reload::PolicySwap;
-use crate::settings::XdsSettings;
+
+/// The xDS config source (`CONFIG_TYPE=GRPC_XDS_SOTW`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct XdsSettings {
+    /// The control plane's ADS address.
+    pub server_url: String,
+    /// The node id Sluice subscribes as.
+    pub node_id: String,
+    /// Node metadata (string values).
+    pub node_metadata: Vec<(String, String)>,
+    /// gRPC metadata sent with the subscription.
+    pub headers: Vec<(String, String)>,
+    /// Time allowed to connect.
+    pub connect_timeout: Duration,
+    /// First wait before reconnecting.
+    pub backoff_initial: Duration,
+    /// Longest wait between reconnections.
+    pub backoff_max: Duration,
+    /// Each wait is moved at random by up to this share of itself (0: not at all).
+    pub backoff_random: f64,
+    /// Largest control-plane message accepted.
+    pub max_message_bytes: usize,
+    /// Serve before the first configuration arrives (`FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    pub force_start: bool,
+    /// TLS to the control plane.
+    pub tls: Option<XdsTls>,
+}
+
+/// TLS to the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsTls {
+    /// CA bundle its certificate must chain to (`None`: the system roots).
+    pub ca: Option<PathBuf>,
+    /// Client certificate (mutual TLS).
+    pub cert: Option<PathBuf>,
+    /// Client key.
+    pub key: Option<PathBuf>,
+    /// Name its certificate must be valid for (`None`: the address's host).
+    pub server_name: Option<String>,
+}
 
 /// The resource type Sluice subscribes to.
 pub fn type_url() -> String {
@@ -217,7 +258,7 @@ impl XdsSource {
     async fn channel(&self) -> Result<Channel, String> {
         let url = &self.settings.server_url;
         let tls = self.settings.tls.as_ref();
-        let url = crate::tls::client_url(url, tls.is_some());
+        let url = crate::net::tls::client_url(url, tls.is_some());
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| format!("CONFIG_GRPC_XDS_SERVER_URL '{url}': {e}"))?
             .connect_timeout(self.settings.connect_timeout);

@@ -1,14 +1,34 @@
 // Why one long file: the reference's stats cases, one per test, sharing the request and exposition
 // helpers at the top.
-//! Metrics counted from real limiter traffic.
+//! The per-rule series counted from real limiter traffic.
 
 use std::sync::Arc;
 
 use super::*;
 use crate::clock::SystemClock;
 use crate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
-use crate::store::memory::MemoryOptions;
-use crate::store::{MemoryStore, Store};
+use crate::metrics::Exposition;
+
+/// The series in a registry of their own.
+struct Metrics {
+    registry: Registry,
+    series: Arc<RuleSeries>,
+}
+
+impl Metrics {
+    fn new(near_limit_ratio: f64, max_detailed: usize) -> Self {
+        let registry = Registry::new();
+        let series = RuleSeries::register(&registry, near_limit_ratio, max_detailed);
+        Self {
+            registry,
+            series: Arc::new(series),
+        }
+    }
+
+    fn render(&self) -> String {
+        self.registry.render()
+    }
+}
 
 const CONFIG: &str = r#"
 domain: m
@@ -29,11 +49,11 @@ descriptors:
 "#;
 
 /// A limiter over `yaml` with `options`, observed by `metrics`.
-fn observed(yaml: &str, options: LimiterOptions, metrics: &Arc<Metrics>) -> Limiter {
-    Limiter::for_tests(yaml, options, Arc::new(SystemClock)).with_observer(metrics.clone())
+fn observed(yaml: &str, options: LimiterOptions, metrics: &Metrics) -> Limiter {
+    Limiter::for_tests(yaml, options, Arc::new(SystemClock)).with_observer(metrics.series.clone())
 }
 
-fn limiter(metrics: &Arc<Metrics>) -> Limiter {
+fn limiter(metrics: &Metrics) -> Limiter {
     observed(CONFIG, LimiterOptions::default(), metrics)
 }
 
@@ -52,10 +72,6 @@ fn sample(text: &str, name: &str, labels: &str) -> Option<u64> {
         .map(|v| v.parse().unwrap())
 }
 
-fn status() -> StoreStatus {
-    MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock)).status()
-}
-
 #[tokio::test]
 async fn per_rule_counters_count_hits_like_the_reference() {
     let metrics = Arc::new(Metrics::new(0.8, 100));
@@ -69,7 +85,7 @@ async fn per_rule_counters_count_hits_like_the_reference() {
         .check(&request(&[("path", "/x"), ("method", "GET")], 3))
         .await
         .unwrap();
-    let text = metrics.render(&status());
+    let text = metrics.render();
     let user = r#"domain="m",key1="user",key2="",rule="m.user""#;
     assert_eq!(
         sample(&text, "ratelimit_service_rate_limit_total_hits", user),
@@ -106,7 +122,7 @@ async fn shadow_mode_hits_over_the_limit_are_counted() {
             .await
             .unwrap();
     }
-    let text = metrics.render(&status());
+    let text = metrics.render();
     let labels = r#"domain="m",key1="shadowed",key2="",rule="m.shadowed""#;
     assert_eq!(
         sample(&text, "ratelimit_service_rate_limit_shadow_mode", labels),
@@ -124,7 +140,7 @@ async fn detailed_series_are_capped_with_an_overflow_series() {
             .await
             .unwrap();
     }
-    let text = metrics.render(&status());
+    let text = metrics.render();
     let a = r#"domain="m",key1="tenant_a",key2="",rule="m.tenant_a""#;
     assert_eq!(
         sample(&text, "ratelimit_service_rate_limit_total_hits", a),
@@ -146,10 +162,12 @@ async fn series_of_removed_rules_disappear_after_a_reload() {
     let metrics = Arc::new(Metrics::new(0.8, 100));
     let limiter = limiter(&metrics);
     limiter.check(&request(&[("user", "x")], 1)).await.unwrap();
-    assert!(metrics.render(&status()).contains(r#"rule="m.user""#));
+    assert!(metrics.render().contains(r#"rule="m.user""#));
     let smaller = "domain: m\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
-    metrics.retain_rules(&crate::config::policy_for_tests(smaller));
-    assert!(!metrics.render(&status()).contains(r#"rule="m.user""#));
+    metrics
+        .series
+        .policy_swapped(&crate::config::policy_for_tests(smaller));
+    assert!(!metrics.render().contains(r#"rule="m.user""#));
 }
 
 #[test]
@@ -167,7 +185,7 @@ async fn series_name(config: &str, entries: &[(&str, &str)]) -> String {
     let metrics = Arc::new(Metrics::new(0.8, 100));
     let limiter = observed(config, LimiterOptions::default(), &metrics);
     limiter.check(&request(entries, 1)).await.unwrap();
-    let text = metrics.render(&status());
+    let text = metrics.render();
     let line = text
         .lines()
         .find(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
@@ -296,7 +314,7 @@ async fn split(used: i64, hits: i64) -> [u64; 3] {
     let metrics = Arc::new(Metrics::new(0.8, 100));
     let limiter = observed(config, LimiterOptions::default(), &metrics);
     let read = || {
-        let text = metrics.render(&status());
+        let text = metrics.render();
         let labels = r#"domain="m",key1="user",key2="",rule="m.user""#;
         ["over_limit", "near_limit", "within_limit"].map(|name| {
             sample(
@@ -350,7 +368,7 @@ async fn unknown_domains_are_counted_per_domain_up_to_a_cap() {
     let mut again = request(&[("user", "u")], 1);
     again.domain = "nowhere-0".into();
     limiter.check(&again).await.unwrap();
-    let text = metrics.render(&status());
+    let text = metrics.render();
     let count = |domain: &str| {
         sample(
             &text,
@@ -376,7 +394,7 @@ async fn the_global_shadow_mode_counts_the_requests_it_let_through() {
         let response = limiter.check(&request(&[("user", "u")], 1)).await.unwrap();
         assert_eq!(response.code, crate::limiter::Code::Ok);
     }
-    let text = metrics.render(&status());
+    let text = metrics.render();
     let shadowed = text
         .lines()
         .find_map(|l| l.strip_prefix("ratelimit_service_global_shadow_mode "));

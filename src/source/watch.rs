@@ -1,4 +1,4 @@
-//! Hot reload: watch the config directory, debounce, validate everything, then swap the whole
+//! The config directory as a source: watch it, debounce, validate everything, then swap the whole
 //! policy or keep the old one, and say which (a log line, a metric, `/rlconfig`).
 //!
 //! The directory is polled rather than watched with inotify: a fingerprint of every config
@@ -16,31 +16,11 @@
 //! Counters live in the store under keys derived from the rules, so the counters of rules a
 //! reload leaves unchanged carry on.
 
-use parking_lot::RwLock;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::config::{self, ConfigError, LoadOptions, Loaded};
-use crate::limiter::Limiter;
-use crate::metrics::{Metrics, counter};
-use prometheus::{IntCounter, Registry};
-
-/// Where the policy in force came from, and how the last reload went (for `/rlconfig`).
-#[derive(Debug, Clone, Default)]
-pub struct ConfigInfo {
-    /// The config directory.
-    pub directory: String,
-    /// Files of the policy in force, relative to the directory.
-    pub files: Vec<String>,
-    /// The last reload's outcome, if there was one.
-    pub last_reload: Option<String>,
-    /// The config source's connection (xDS: subscribed, or why not), if it has one.
-    pub connection: Option<String>,
-}
-
-/// Shared, updated by reloads.
-pub type SharedConfigInfo = Arc<RwLock<ConfigInfo>>;
+use super::PolicySwap;
+use crate::config::{self, ConfigError, LoadOptions};
 
 /// How and where to watch.
 #[derive(Debug, Clone)]
@@ -61,121 +41,13 @@ pub struct Reloader {
     swap: PolicySwap,
 }
 
-/// The all-or-nothing swap every config source goes through (the directory watcher, the xDS
-/// client): a valid policy replaces the one in force, an invalid one is logged, counted and
-/// shown in `/rlconfig` while the one in force stays.
-#[derive(Clone)]
-pub struct PolicySwap {
-    limiter: Arc<Limiter>,
-    metrics: Arc<Metrics>,
-    info: SharedConfigInfo,
-}
-
-/// Config loads, as the reference counts them.
-pub struct ConfigMetrics {
-    success: IntCounter,
-    error: IntCounter,
-}
-
-impl ConfigMetrics {
-    /// Registers the config-load counters into `registry`.
-    pub fn register(registry: &Registry) -> Self {
-        Self {
-            success: counter(
-                registry,
-                "ratelimit_service_config_load_success",
-                "Config loads that succeeded",
-            ),
-            error: counter(
-                registry,
-                "ratelimit_service_config_load_error",
-                "Config loads that failed (the old config stayed)",
-            ),
-        }
-    }
-
-    /// A config load's outcome.
-    pub fn loaded(&self, ok: bool) {
-        if ok {
-            self.success.inc();
-        } else {
-            self.error.inc();
-        }
-    }
-}
-
-impl PolicySwap {
-    /// Records the source's connection state for `/rlconfig`.
-    pub fn connection(&self, state: String) {
-        self.info.write().connection = Some(state);
-    }
-
-    /// A swap into `limiter`, counted in `metrics` and shown in `info`.
-    pub fn new(limiter: Arc<Limiter>, metrics: Arc<Metrics>, info: SharedConfigInfo) -> Self {
-        Self {
-            limiter,
-            metrics,
-            info,
-        }
-    }
-
-    /// Swaps in a loaded policy, or keeps the old one and says why; returns whether it swapped.
-    /// `reason` says what brought it (a file change, SIGHUP, an xDS version).
-    pub fn apply(&self, loaded: Result<Loaded, Vec<ConfigError>>, reason: &str) -> bool {
-        match loaded {
-            Ok(loaded) => {
-                let domains = loaded.policy.domain_count();
-                let policy = Arc::new(loaded.policy);
-                self.metrics.retain_rules(&policy);
-                self.limiter.set_policy(policy);
-                self.metrics.config.loaded(true);
-                tracing::info!(
-                    reason,
-                    files = loaded.files.len(),
-                    domains,
-                    "config reloaded"
-                );
-                let mut info = self.info.write();
-                info.last_reload = Some(format!("ok at {} ({reason})", timestamp()));
-                info.files = loaded.files;
-                true
-            }
-            Err(errors) => {
-                self.metrics.config.loaded(false);
-                for error in &errors {
-                    tracing::warn!(%error, "config reload rejected; the previous config stays");
-                }
-                let mut info = self.info.write();
-                info.last_reload = Some(format!(
-                    "rejected at {} ({reason}), previous config kept: {}",
-                    timestamp(),
-                    errors
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                ));
-                false
-            }
-        }
-    }
-}
-
 /// What identifies the state of the config files.
 type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
 
 impl Reloader {
-    /// A reloader that swaps policies into `limiter`.
-    pub fn new(
-        options: ReloadOptions,
-        limiter: Arc<Limiter>,
-        metrics: Arc<Metrics>,
-        info: SharedConfigInfo,
-    ) -> Self {
-        Self {
-            options,
-            swap: PolicySwap::new(limiter, metrics, info),
-        }
+    /// A reloader that loads as `options` say and swaps through `swap`.
+    pub fn new(options: ReloadOptions, swap: PolicySwap) -> Self {
+        Self { options, swap }
     }
 
     /// Loads the directory now (on a blocking thread) and swaps the policy in if it is
@@ -269,13 +141,6 @@ fn fingerprint(dir: &Path) -> Fingerprint {
             (path, len, modified, inode)
         })
         .collect()
-}
-
-fn timestamp() -> String {
-    let secs = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    format!("unix time {secs}")
 }
 
 /// SIGHUP as a stream of events; never fires where signals are unavailable.

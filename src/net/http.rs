@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 
 use axum::extract::ConnectInfo;
 
-use crate::connection::{Acceptor, ConnectionLimits, Guarded};
+use super::connection::{Acceptor, ConnectionLimits, Guarded};
 
 /// Interval of HTTP/2 pings to a quiet peer, and how long its answer may take.
 const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(20));

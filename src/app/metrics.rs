@@ -1,0 +1,125 @@
+//! The process's one Prometheus registry and every component's metrics in it, assembled here
+//! and handed out: each layer defines and registers its own (the limiter's per-rule series in
+//! [`RuleSeries`], the gRPC service's in [`RlsMetrics`], config loads in [`ConfigMetrics`],
+//! the store's in [`StoreMetrics`]); [`Metrics`] is the limiter's observer and feeds each.
+//!
+//! Per rule, with labels `domain`, `rule` (the rule's stats key) and the reference's `key1`
+//! and `key2` (its first two levels), counted by hits as the reference service counts them:
+//! `ratelimit_service_rate_limit_{total_hits,within_limit,over_limit,near_limit,
+//! over_limit_with_local_cache,shadow_mode}`. Labels never carry request values, except for
+//! rules with `detailed_metric`/`value_to_metric`, and those are capped: past the cap, hits
+//! go to one `__overflow__` series and are counted. Plus gRPC requests and latency, errors by
+//! type, config loads, store latency, errors, breaker state and failure-mode answers, and
+//! the memory store's size.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::Registry;
+
+use crate::limiter::{LimitEvent, Limiter, Observer, RuleSeries};
+use crate::metrics::Exposition;
+use crate::policy::Policy;
+use crate::rls::RlsMetrics;
+use crate::source::ConfigMetrics;
+use crate::store::{StoreMetrics, StoreStatus};
+
+/// The process's registry and every component's metrics in it.
+pub struct Metrics {
+    registry: Registry,
+    /// Per-rule series: the limiter's observer.
+    rules: RuleSeries,
+    /// The gRPC service's.
+    rls: Arc<RlsMetrics>,
+    /// Config loads.
+    config: ConfigMetrics,
+    /// Store calls, breaker, failure policy, memory store size.
+    store: StoreMetrics,
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// A new registry with every component's metrics in it. `max_detailed` caps the series
+    /// of `detailed_metric`/`value_to_metric` rules.
+    pub fn new(near_limit_ratio: f64, max_detailed: usize) -> Self {
+        let registry = Registry::new();
+        Self {
+            rules: RuleSeries::register(&registry, near_limit_ratio, max_detailed),
+            rls: Arc::new(RlsMetrics::register(&registry)),
+            config: ConfigMetrics::register(&registry),
+            store: StoreMetrics::register(&registry),
+            registry,
+        }
+    }
+
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: the reference's response-time histogram in
+    /// milliseconds.
+    pub fn with_response_time_in_milliseconds(mut self, on: bool) -> Self {
+        if let Some(rls) = Arc::get_mut(&mut self.rls) {
+            rls.response_time_in_milliseconds(on);
+        }
+        self
+    }
+
+    /// The registry every component's metrics are in (for the statsd exporter, which reads
+    /// them, and for components registered after start-up).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The gRPC service's metrics, to hand to [`RlsService`](crate::rls::RlsService).
+    pub fn rls(&self) -> Arc<RlsMetrics> {
+        self.rls.clone()
+    }
+
+    /// The config loads' counters, to hand to the config sources.
+    pub fn config(&self) -> ConfigMetrics {
+        self.config.clone()
+    }
+
+    /// The Prometheus text exposition, with the store's state read now.
+    pub fn render(&self, store: &StoreStatus) -> String {
+        self.store.observe(store);
+        self.registry.render()
+    }
+}
+
+impl Observer for Metrics {
+    fn limit_decided(&self, event: &LimitEvent<'_>) {
+        self.rules.limit_decided(event);
+    }
+
+    fn domain_not_found(&self, domain: &str) {
+        self.rules.domain_not_found(domain);
+    }
+
+    fn global_shadow_mode(&self) {
+        self.rules.global_shadow_mode();
+    }
+
+    fn store_call(&self, elapsed: Duration, ok: bool) {
+        self.store.call(elapsed, ok);
+        if !ok {
+            self.rls.should_rate_limit_error("redis_error");
+        }
+    }
+
+    fn policy_swapped(&self, policy: &Policy) {
+        self.rules.policy_swapped(policy);
+    }
+}
+
+/// What `/metrics` serves: the registry, with the limiter's store read at each scrape.
+pub struct Scrape {
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// The limiter whose store is read.
+    pub limiter: Arc<Limiter>,
+}
+
+impl Exposition for Scrape {
+    fn render(&self) -> String {
+        self.metrics.render(&self.limiter.store().status())
+    }
+}
