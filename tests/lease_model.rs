@@ -56,6 +56,12 @@ impl Store for Shared {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.0.instances(instance, within)
     }
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.0.reset(ops)
+    }
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        self.0.shut_down()
+    }
     fn status(&self) -> StoreStatus {
         self.0.status()
     }

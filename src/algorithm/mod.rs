@@ -139,56 +139,66 @@ pub struct Transition {
 /// another algorithm than `limit.algorithm` is treated as absent.
 pub fn decide(state: Option<&State>, limit: &Limit, now: Micros, hits: i64) -> Transition {
     match limit.algorithm {
-        Algorithm::FixedWindow => {
-            let state = match state {
-                Some(State::FixedWindow(w)) => Some(w),
-                _ => None,
-            };
-            let (decision, next) = fixed_window::decide(state, limit, now, hits);
-            Transition {
-                decision,
-                next: State::FixedWindow(next),
-                expires_at: next.end(limit),
-            }
-        }
-        Algorithm::SlidingWindow => {
-            let state = match state {
-                Some(State::SlidingWindow(w)) => Some(w),
-                _ => None,
-            };
-            let (decision, next) = sliding_window::decide(state, limit, now, hits);
-            Transition {
-                decision,
-                next: State::SlidingWindow(next),
-                expires_at: next.expires_at(limit),
-            }
-        }
-        Algorithm::TokenBucket => {
-            let state = match state {
-                Some(State::TokenBucket(b)) => Some(b),
-                _ => None,
-            };
-            let (decision, next) = token_bucket::decide(state, limit, now, hits);
-            Transition {
-                decision,
-                next: State::TokenBucket(next),
-                expires_at: next.expires_at(),
-            }
-        }
-        Algorithm::Concurrency => {
-            let state = match state {
-                Some(State::Concurrency(c)) => Some(c),
-                _ => None,
-            };
-            let (decision, next) = concurrency::decide(state, limit, now, hits);
-            Transition {
-                decision,
-                next: State::Concurrency(next),
-                expires_at: now.saturating_add(limit.window),
-            }
-        }
+        Algorithm::FixedWindow => step::<fixed_window::Window>(state, limit, now, hits),
+        Algorithm::SlidingWindow => step::<sliding_window::Windows>(state, limit, now, hits),
+        Algorithm::TokenBucket => step::<token_bucket::Bucket>(state, limit, now, hits),
+        Algorithm::Concurrency => step::<concurrency::InFlight>(state, limit, now, hits),
     }
 }
+
+/// One algorithm's state as [`decide`] drives it: its decision, its place in [`State`], and
+/// when it becomes equal to no state.
+trait Counter: Sized {
+    fn decide(state: Option<&Self>, limit: &Limit, now: Micros, hits: i64) -> (Decision, Self);
+    fn of(state: &State) -> Option<&Self>;
+    fn into_state(self) -> State;
+    fn expires_at(&self, limit: &Limit, now: Micros) -> Micros;
+}
+
+/// [`decide`] for the algorithm whose state is `C` (a stored state of another is absent).
+fn step<C: Counter>(state: Option<&State>, limit: &Limit, now: Micros, hits: i64) -> Transition {
+    let (decision, next) = C::decide(state.and_then(C::of), limit, now, hits);
+    Transition {
+        decision,
+        expires_at: next.expires_at(limit, now),
+        next: next.into_state(),
+    }
+}
+
+/// [`Counter`] for `$module`'s state `$state`, held in `State::$variant`, expiring at
+/// `$expires` (of the state, the limit and now).
+macro_rules! counter {
+    ($module:ident: $state:ident => $variant:ident, |$s:ident, $limit:ident, $now:ident| $expires:expr) => {
+        impl Counter for $module::$state {
+            fn decide(
+                state: Option<&Self>,
+                limit: &Limit,
+                now: Micros,
+                hits: i64,
+            ) -> (Decision, Self) {
+                $module::decide(state, limit, now, hits)
+            }
+            fn of(state: &State) -> Option<&Self> {
+                match state {
+                    State::$variant(s) => Some(s),
+                    _ => None,
+                }
+            }
+            fn into_state(self) -> State {
+                State::$variant(self)
+            }
+            fn expires_at(&self, $limit: &Limit, $now: Micros) -> Micros {
+                let $s = self;
+                $expires
+            }
+        }
+    };
+}
+
+counter!(fixed_window: Window => FixedWindow, |w, limit, _now| w.end(limit));
+counter!(sliding_window: Windows => SlidingWindow, |w, limit, _now| w.expires_at(limit));
+counter!(token_bucket: Bucket => TokenBucket, |b, _limit, _now| b.expires_at());
+counter!(concurrency: InFlight => Concurrency, |_c, limit, now| now.saturating_add(limit.window));
 
 /// Whether an operation changes its counter even when refused, and even when its request
 /// is refused as a whole: refunds always do, and so do concurrency acquisitions, because

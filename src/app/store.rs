@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::AppError;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, MonotonicClock, SystemClock};
 use crate::settings::{Backend, Settings};
 use crate::store::redis::RedisOptions;
 use crate::store::{
@@ -18,77 +18,108 @@ pub(super) enum Time {
     Pinned(Arc<dyn Clock>),
 }
 
-/// The store stack `settings` ask for: the memory store, or Redis behind its failure policy
-/// (two with `REDIS_PERSECOND`), behind the leasing layer, behind the over-limit cache when
-/// it is on.
+impl Time {
+    /// The clock of counters shared with other processes: the wall clock.
+    fn wall(&self) -> Arc<dyn Clock> {
+        match self {
+            Time::System => Arc::new(SystemClock),
+            Time::Pinned(clock) => clock.clone(),
+        }
+    }
+
+    /// The clock of what lives for a duration in this process (leased blocks): a monotonic
+    /// one, which NTP cannot stretch.
+    fn durations(&self) -> Arc<dyn Clock> {
+        match self {
+            Time::System => Arc::new(MonotonicClock::new()),
+            Time::Pinned(clock) => clock.clone(),
+        }
+    }
+}
+
+/// The store stack `settings` ask for: the memory store, or the layers of src/store/mod.rs
+/// around Redis, from the inside out.
 pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn Store>, AppError> {
-    let clock: Arc<dyn Clock> = match time {
-        Time::System => Arc::new(SystemClock),
-        Time::Pinned(clock) => clock.clone(),
+    let Backend::Redis = settings.backend else {
+        return Ok(memory(settings, time));
     };
-    Ok(match settings.backend {
-        Backend::Memory => {
-            if settings.kubernetes {
-                tracing::warn!(
-                    "memory store under Kubernetes: each replica counts on its own, so N replicas admit up to N times every limit; use a shared store for fleet-wide limits"
-                );
-            }
-            Arc::new(MemoryStore::new(settings.memory, clock))
-        }
-        Backend::Redis => {
-            let options = settings
-                .redis
-                .as_ref()
-                .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
-            // Each Redis behind its own failure policy: one failing leaves the other exact.
-            let resilient = |options: &RedisOptions| -> Result<Arc<Resilient>, AppError> {
-                // A script call may outlive its requests' deadline: its answers still count
-                // (see `Resilient`), up to the background limit.
-                let mut redis = RedisStore::new(&RedisOptions {
-                    call_timeout: settings.resilience.background_limit(),
-                    ..options.clone()
-                })
-                .map_err(AppError::Serve)?;
-                if let Time::Pinned(clock) = time {
-                    redis = redis.with_clock(clock.clone());
-                }
-                Ok(Arc::new(Resilient::new(
-                    Arc::new(redis),
-                    settings.resilience,
-                    clock.clone(),
-                )))
-            };
-            let main = resilient(options)?;
-            tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
-            let mut shared = vec![main.clone()];
-            let store: Arc<dyn Store> = match &settings.redis_per_second {
-                None => main,
-                Some(fast) => {
-                    let per_second = resilient(fast)?;
-                    tracing::info!(kind = ?fast.kind, "counting limits per second in their own redis (REDIS_PERSECOND)");
-                    shared.push(per_second.clone());
-                    Arc::new(PerSecondSplit::new(main, per_second))
-                }
-            };
-            // Leased rules take blocks from the shared counters (the layer passes every
-            // other request through untouched).
-            // Blocks live for durations: a monotonic clock, which NTP cannot stretch.
-            let durations: Arc<dyn Clock> = match time {
-                Time::System => Arc::new(crate::clock::MonotonicClock::new()),
-                Time::Pinned(clock) => clock.clone(),
-            };
-            let store: Arc<dyn Store> =
-                Arc::new(Leased::new(store, settings.lease.clone(), durations));
-            if settings.local_cache_keys > 0 {
-                let cache = OverLimitCache::new(store, settings.local_cache_keys, clock);
-                // Answers that arrive after their deadline still teach the cache.
-                for resilient in &shared {
-                    resilient.on_late_answers(cache.late_answers());
-                }
-                Arc::new(cache)
-            } else {
-                store
-            }
-        }
+    let options = settings
+        .redis
+        .as_ref()
+        .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
+    tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
+    // redis and resilient: each Redis behind its own failure policy (one failing leaves the
+    // other exact).
+    let main = resilient_redis(settings, options, time)?;
+    let per_second = (settings.redis_per_second.as_ref())
+        .map(|fast| {
+            tracing::info!(kind = ?fast.kind, "counting limits per second in their own redis (REDIS_PERSECOND)");
+            resilient_redis(settings, fast, time)
+        })
+        .transpose()?;
+    // split: the counters with one-second windows on their own Redis (REDIS_PERSECOND).
+    let store = split(main.clone(), per_second.clone());
+    // lease: blocks of units for `consistency: leased` rules; other requests pass through.
+    let store = Arc::new(Leased::new(store, settings.lease.clone(), time.durations()));
+    // overlimit: refusals remembered until the window ends, late answers' included.
+    let late = [Some(main), per_second].into_iter().flatten();
+    Ok(over_limit_cache(store, settings, time, late))
+}
+
+/// The memory store alone (one instance's counters).
+fn memory(settings: &Settings, time: &Time) -> Arc<dyn Store> {
+    if settings.kubernetes {
+        tracing::warn!(
+            "memory store under Kubernetes: each replica counts on its own, so N replicas admit up to N times every limit; use a shared store for fleet-wide limits"
+        );
+    }
+    Arc::new(MemoryStore::new(settings.memory, time.wall()))
+}
+
+/// A Redis store behind its failure policy. A script call may outlive its requests'
+/// deadline: its answers still count (see `Resilient`), up to the background limit.
+fn resilient_redis(
+    settings: &Settings,
+    options: &RedisOptions,
+    time: &Time,
+) -> Result<Arc<Resilient>, AppError> {
+    let mut redis = RedisStore::new(&RedisOptions {
+        call_timeout: settings.resilience.background_limit(),
+        ..options.clone()
     })
+    .map_err(AppError::Serve)?;
+    if let Time::Pinned(clock) = time {
+        redis = redis.with_clock(clock.clone());
+    }
+    Ok(Arc::new(Resilient::new(
+        Arc::new(redis),
+        settings.resilience,
+        time.wall(),
+    )))
+}
+
+/// The main store, or it and the per-second one behind the split.
+fn split(main: Arc<Resilient>, per_second: Option<Arc<Resilient>>) -> Arc<dyn Store> {
+    match per_second {
+        None => main,
+        Some(per_second) => Arc::new(PerSecondSplit::new(main, per_second)),
+    }
+}
+
+/// `store` behind the over-limit cache when `LOCAL_CACHE_SIZE_IN_BYTES` turns it on; the
+/// answers the `late` stores get after their deadline teach it too.
+fn over_limit_cache(
+    store: Arc<dyn Store>,
+    settings: &Settings,
+    time: &Time,
+    late: impl Iterator<Item = Arc<Resilient>>,
+) -> Arc<dyn Store> {
+    if settings.local_cache_keys == 0 {
+        return store;
+    }
+    let cache = OverLimitCache::new(store, settings.local_cache_keys, time.wall());
+    for resilient in late {
+        resilient.on_late_answers(cache.late_answers());
+    }
+    Arc::new(cache)
 }

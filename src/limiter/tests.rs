@@ -48,10 +48,7 @@ fn descriptor(entries: &[(&str, &str)], hits: i64) -> Descriptor {
 }
 
 fn request(descriptors: Vec<Descriptor>) -> Request {
-    Request {
-        domain: "d".into(),
-        descriptors,
-    }
+    Request::of("d", descriptors)
 }
 
 async fn check(limiter: &Limiter, descriptors: Vec<Descriptor>) -> Response {
@@ -287,10 +284,7 @@ async fn malformed_requests_are_invalid_arguments() {
     let (limiter, _) = limiter();
     let cases = [
         (
-            Request {
-                domain: String::new(),
-                descriptors: one("user", "a"),
-            },
+            Request::of("", one("user", "a")),
             "domain must not be empty",
         ),
         (request(vec![]), "descriptor list must not be empty"),
@@ -351,9 +345,8 @@ async fn priority_classes_share_one_counter_up_to_their_share() {
     let yaml = "domain: shed\ndescriptors:\n  - key: priority\n    priorities: {critical: 1.0, low: 0.5}\n    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: concurrency}\n";
     let clock = Arc::new(ManualClock::new(START));
     let limiter = Limiter::for_tests(yaml, LimiterOptions::default(), clock);
-    let ask = |class: &str, hits: i64| Request {
-        domain: "shed".into(),
-        descriptors: vec![descriptor(&[("priority", class)], hits)],
+    let ask = |class: &str, hits: i64| {
+        Request::of("shed", vec![descriptor(&[("priority", class)], hits)])
     };
     // Every acquisition is released afterwards, refused ones too, as Envoy does.
     let request = |class: &'static str| {

@@ -27,6 +27,17 @@ pub struct Descriptor {
 }
 
 #[cfg(test)]
+impl Request {
+    /// A request of `descriptors` in `domain`. For unit tests.
+    pub(crate) fn of(domain: &str, descriptors: Vec<Descriptor>) -> Self {
+        Self {
+            domain: domain.into(),
+            descriptors,
+        }
+    }
+}
+
+#[cfg(test)]
 impl Descriptor {
     /// A descriptor of `(key, value)` entries charging `hits`, without an override. For unit
     /// tests.

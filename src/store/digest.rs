@@ -1,7 +1,10 @@
 //! Counters identified in memory by a fixed-size keyed digest of their key, so that what
 //! an in-process map holds per counter does not grow with the descriptor values.
 
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+
+use parking_lot::Mutex;
 
 use super::CounterKey;
 
@@ -55,5 +58,43 @@ impl Digester {
         let [a, b] = &self.0;
         let value = (key.as_str(), numbers);
         Digest([a.hash_one(value), b.hash_one(value)])
+    }
+}
+
+/// A hash map keyed by digest (the digest is its own hash).
+pub(crate) type DigestMap<V> = HashMap<Digest, V, BuildHasherDefault<DigestHasher>>;
+
+/// The in-process maps keyed by digest (the memory store's counters, leased blocks, remembered
+/// refusals): `S`, one per shard, each behind its own lock, so that requests on different
+/// counters rarely wait for each other. A digest's shard is picked by its second word (the
+/// first one picks the bucket inside a shard's table). Derefs to the shards, in order.
+pub(crate) struct Sharded<S> {
+    shards: Box<[Mutex<S>]>,
+}
+
+impl<S> Sharded<S> {
+    /// `count` shards (at least one), the `i`-th made by `make(i)`.
+    pub(crate) fn new(count: usize, make: impl FnMut(usize) -> S) -> Self {
+        Self {
+            shards: (0..count.max(1)).map(make).map(Mutex::new).collect(),
+        }
+    }
+
+    /// The index of `digest`'s shard.
+    pub(crate) fn index(&self, digest: &Digest) -> usize {
+        (digest.0[1] % self.shards.len() as u64) as usize
+    }
+
+    /// `digest`'s shard.
+    pub(crate) fn of(&self, digest: &Digest) -> &Mutex<S> {
+        &self.shards[self.index(digest)]
+    }
+}
+
+impl<S> std::ops::Deref for Sharded<S> {
+    type Target = [Mutex<S>];
+
+    fn deref(&self) -> &[Mutex<S>] {
+        &self.shards
     }
 }

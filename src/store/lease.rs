@@ -32,8 +32,6 @@ mod block;
 mod round;
 mod sweep;
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -46,7 +44,7 @@ use block::{Block, Outcome};
 use round::Round;
 pub use sweep::{BlockView, LeaseStatus};
 
-use super::digest::{Digest, DigestHasher, Digester};
+use super::digest::{Digest, DigestMap, Digester, Sharded};
 use super::{
     Admission, Applied, Batch, BoxFuture, Calls, Consistency, CounterOp, Role, Store, StoreError,
     StoreStatus,
@@ -65,8 +63,6 @@ const GIVE_BACKS_PER_CALL: usize = 512;
 /// Blocks listed in `/rlconfig`.
 const LISTED_BLOCKS: usize = 20;
 
-type Shard = HashMap<Digest, Block, BuildHasherDefault<DigestHasher>>;
-
 /// The leasing layer in front of a shared store.
 pub struct Leased {
     shared: Arc<Shared>,
@@ -74,7 +70,7 @@ pub struct Leased {
 
 struct Shared {
     inner: Arc<dyn Store>,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Sharded<DigestMap<Block>>,
     digester: Digester,
     clock: Arc<dyn Clock>,
     options: LeaseOptions,
@@ -121,7 +117,7 @@ impl Leased {
         Self {
             shared: Arc::new(Shared {
                 inner,
-                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                shards: Sharded::new(SHARDS, |_| DigestMap::default()),
                 digester: Digester::new(),
                 clock,
                 options,
@@ -360,10 +356,6 @@ impl Shared {
             .digest_with(&op.key, [op.limit.requests, op.limit.burst])
     }
 
-    fn shard(&self, digest: &Digest) -> &Mutex<Shard> {
-        &self.shards[(digest.0[1] % SHARDS as u64) as usize]
-    }
-
     /// Starts the sweeper and the count of instances, once.
     fn start(self: &Arc<Self>) {
         // Read first: a write on every request would bounce the line between cores.
@@ -385,7 +377,8 @@ impl Shared {
         for (i, op) in batch.ops.iter().enumerate() {
             let digest = self.block_digest(op);
             let decided = self
-                .shard(&digest)
+                .shards
+                .of(&digest)
                 .lock()
                 .get_mut(&digest)
                 .filter(|block| block.limit == op.limit)
@@ -431,7 +424,7 @@ impl Shared {
         now: Micros,
         round: &mut Round,
     ) -> Option<Outcome> {
-        let mut shard = self.shard(&digest).lock();
+        let mut shard = self.shards.of(&digest).lock();
         let block = match shard.entry(digest) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
@@ -474,7 +467,7 @@ impl Shared {
     fn refund(&self, i: usize, op: &CounterOp, local: &mut Local) {
         let digest = self.block_digest(op);
         let now = self.clock.now();
-        let mut shard = self.shard(&digest).lock();
+        let mut shard = self.shards.of(&digest).lock();
         let Some(block) = shard.get_mut(&digest) else {
             local.exact.push(i);
             local.peek.push(i);
@@ -488,7 +481,7 @@ impl Shared {
     /// Units a refused request reserved, back to their blocks.
     fn put_back(&self, reserved: &[(usize, Digest, u64, u64)]) {
         for (_, digest, generation, hits) in reserved {
-            if let Some(block) = self.shard(digest).lock().get_mut(digest) {
+            if let Some(block) = self.shards.of(digest).lock().get_mut(digest) {
                 block.give_back(*hits, *generation);
             }
         }
@@ -530,7 +523,14 @@ impl Store for Leased {
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         for op in ops {
             let digest = self.shared.block_digest(op);
-            if self.shared.shard(&digest).lock().remove(&digest).is_some() {
+            if self
+                .shared
+                .shards
+                .of(&digest)
+                .lock()
+                .remove(&digest)
+                .is_some()
+            {
                 self.shared.blocks.fetch_sub(1, Ordering::Relaxed);
             }
         }
@@ -541,12 +541,14 @@ impl Store for Leased {
         self.shared.inner.store_key(op)
     }
 
+    /// Hands back every block's units, then passes the shutdown on.
     fn shut_down(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let units = self.hand_back_all().await;
             if units > 0 {
                 tracing::info!(units, "leased units handed back to the shared counters");
             }
+            self.shared.inner.shut_down().await;
         })
     }
 

@@ -35,7 +35,7 @@ use crate::algorithm::{
 };
 use crate::clock::Clock;
 
-use super::digest::Digester;
+use super::digest::{Digester, Sharded};
 use table::{Digest, DigestHasher, Table};
 
 /// Counters drawn at random to choose a victim when a full shard must evict. With a fraction
@@ -82,7 +82,7 @@ pub struct MemoryStore {
 }
 
 struct Shared {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Sharded<Shard>,
     digester: Digester,
     clock: Arc<dyn Clock>,
     max_keys: u64,
@@ -140,14 +140,10 @@ impl MemoryStore {
         let max_per_shard = max_keys.div_ceil(shards as u64) as usize;
         let seeds = RandomState::new();
         let shared = Arc::new(Shared {
-            shards: (0..shards as u64)
-                .map(|i| {
-                    Mutex::new(Shard {
-                        entries: Table::new(max_per_shard, seeds.hash_one(i)),
-                        last_purge: 0,
-                    })
-                })
-                .collect(),
+            shards: Sharded::new(shards, |i| Shard {
+                entries: Table::new(max_per_shard, seeds.hash_one(i as u64)),
+                last_purge: 0,
+            }),
             digester: Digester::new(),
             clock,
             max_keys,
@@ -217,7 +213,7 @@ impl MemoryStore {
             .iter()
             .map(|op| shared.digester.digest(&op.key))
             .collect();
-        let shard_of: Vec<usize> = digests.iter().map(|d| shared.shard_index(d)).collect();
+        let shard_of: Vec<usize> = digests.iter().map(|d| shared.shards.index(d)).collect();
         let mut order = shard_of.clone();
         order.sort_unstable();
         order.dedup();
@@ -332,7 +328,7 @@ impl MemoryStore {
         let mut cleared = 0;
         for op in ops {
             let digest = shared.digester.digest(&op.key);
-            let mut shard = shared.shards[shared.shard_index(&digest)].lock();
+            let mut shard = shared.shards.of(&digest).lock();
             if let Some(slot) = shard.entries.remove(&digest) {
                 shared.tracked.fetch_sub(1, Ordering::Relaxed);
                 cleared += u64::from(slot.expires_at > now);
@@ -349,7 +345,7 @@ impl MemoryStore {
         asks.iter()
             .map(|ask| {
                 let digest = shared.digester.digest(&ask.key);
-                let mut shard = shared.shards[shared.shard_index(&digest)].lock();
+                let mut shard = shared.shards.of(&digest).lock();
                 let current = shard.get(&digest, ask.limit.algorithm, now);
                 let (units, t, hits) = match ask.take {
                     Take::Lease(want) => {
@@ -403,6 +399,11 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(self.reset_now(ops))))
     }
 
+    /// Holds nothing of another store's: its counters end with the process.
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
     fn status(&self) -> StoreStatus {
         StoreStatus {
             kind: "memory",
@@ -425,11 +426,6 @@ impl Store for MemoryStore {
 // === impl Shared ===
 
 impl Shared {
-    fn shard_index(&self, digest: &Digest) -> usize {
-        // The second word: the first one picks the bucket inside the shard.
-        (digest.0[1] % self.shards.len() as u64) as usize
-    }
-
     fn store(&self, shard: &mut Shard, key: Digest, t: Transition, hits: i64, now: Micros) {
         let mut slot = Slot::pack(t.next, t.expires_at);
         let charge = u32::try_from(hits.max(0)).unwrap_or(u32::MAX);

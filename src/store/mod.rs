@@ -2,12 +2,15 @@
 //! a request's counter operations in one call, atomically, so that a request answered
 //! OVER_LIMIT charges nothing on any of its descriptors.
 //!
+//! The stores, then the layers that wrap a shared one, from the inside out (the order in
+//! which `app` stacks them):
+//!
 //! - [`memory`]: sharded in-process map, the embedded default (one instance only).
 //! - [`redis`]: Redis, Redis Cluster or Sentinel: one limit for the whole fleet.
 //! - [`resilient`]: deadline, circuit breaker and `failure_mode` around a shared store.
-//! - [`overlimit`]: answers keys known to be over the limit without a store round trip.
 //! - [`split`]: per-second counters on a Redis of their own (`REDIS_PERSECOND`).
 //! - [`lease`]: leased quota: blocks of units taken from a shared counter, admitted in memory.
+//! - [`overlimit`]: answers keys known to be over the limit without a store round trip.
 
 mod batch;
 mod digest;
@@ -48,15 +51,12 @@ pub trait Store: Send + Sync + 'static {
     /// A snapshot for `/rlconfig`, logs and metrics.
     fn status(&self) -> StoreStatus;
 
+    // The four methods below have no default: a layer that wraps another must say what it
+    // does with each (pass it on, act on what it keeps itself, or both).
+
     /// Takes (or hands back) blocks of units, one per ask, each on its own: a lease is a
-    /// charge of at most what is left ([`crate::algorithm::lease`]). Only shared stores
-    /// lease; the others answer an error.
-    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
-        let _ = asks;
-        Box::pin(std::future::ready(Err(StoreError::Internal(
-            "this store does not lease".into(),
-        ))))
-    }
+    /// charge of at most what is left ([`crate::algorithm::lease`]).
+    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>>;
 
     /// Records that `instance` takes leases now and answers how many instances did within
     /// `within` (at least 1): blocks are shared among them.
@@ -64,20 +64,17 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         instance: &'a str,
         within: std::time::Duration,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let _ = (instance, within);
-        Box::pin(std::future::ready(Ok(1)))
-    }
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Clears the counters of `ops` (an operator's reset): each starts again from no state.
     /// Answers how many of them held state. Stores that wrap another clear what they keep
     /// of these counters themselves (remembered refusals, leased blocks) and pass it on.
-    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let _ = ops;
-        Box::pin(std::future::ready(Err(StoreError::Internal(
-            "this store cannot reset counters".into(),
-        ))))
-    }
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Gives back what this instance holds of shared counters (leased units), after the
+    /// drain: nothing is lost to a rolling restart. A layer passes it on once it has given
+    /// back what it holds itself.
+    fn shut_down(&self) -> BoxFuture<'_, ()>;
 
     /// The key `op`'s counter is kept under in the store now (for `redis-cli`: the key prefix,
     /// and for the reference layout the window start, included).
@@ -90,18 +87,21 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    /// Gives back what this instance holds of shared counters (leased units), after the
-    /// drain: nothing is lost to a rolling restart.
-    fn shut_down(&self) -> BoxFuture<'_, ()> {
-        Box::pin(std::future::ready(()))
-    }
-
     /// Prepares what the first requests would otherwise wait for (connections, scripts), so
     /// that they are not answered by the failure policy for a cold start. Failing to warm up
     /// is not an error: the store is then used as it comes back.
     fn warm_up(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::ready(()))
     }
+}
+
+/// Where a shared store's answers go that no request waited for: a call that outlived its
+/// requests' deadline still counted in the store, and what it answered still teaches the
+/// layers above it (the over-limit cache). [`Resilient`] feeds it.
+pub trait LateAnswers: Send + Sync {
+    /// `batch`, sent at `asked_at`, got `applied` from the store after its caller was
+    /// answered by the failure policy.
+    fn answered(&self, batch: &Batch, applied: &Applied, asked_at: crate::algorithm::Micros);
 }
 
 /// What a store reports about itself.

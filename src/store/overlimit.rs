@@ -16,13 +16,10 @@
 //! nothing about `critical`). Concurrency counters are never cached: their acquisitions
 //! count even when refused, and their releases always reach the store.
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-use super::digest::{Digest, DigestHasher, Digester};
-use super::resilient::LateAnswers;
+use super::LateAnswers;
+use super::digest::{DigestMap, Digester, Sharded};
 use super::{
     Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus,
 };
@@ -30,8 +27,6 @@ use crate::algorithm::{Algorithm, Decision, Micros};
 use crate::clock::Clock;
 
 const SHARDS: usize = 16;
-
-type Shard = HashMap<Digest, Over, BuildHasherDefault<DigestHasher>>;
 
 /// A store front that remembers which counters are over the limit until when.
 pub struct OverLimitCache {
@@ -44,7 +39,7 @@ struct Refusals {
     clock: Arc<dyn Clock>,
     /// Refusals by the digest of their counter's key: a fixed size per entry, whatever the
     /// descriptor values.
-    shards: Box<[Mutex<Shard>]>,
+    shards: Sharded<DigestMap<Over>>,
     digester: Digester,
     max_per_shard: usize,
 }
@@ -94,7 +89,7 @@ impl OverLimitCache {
             inner,
             refusals: Arc::new(Refusals {
                 clock,
-                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                shards: Sharded::new(SHARDS, |_| DigestMap::default()),
                 digester: Digester::new(),
                 max_per_shard: max_keys.div_ceil(SHARDS).max(1),
             }),
@@ -270,14 +265,10 @@ impl Refusals {
         }
     }
 
-    fn shard(&self, key: &Digest) -> &Mutex<Shard> {
-        &self.shards[(key.0[1] as usize) % SHARDS]
-    }
-
     /// Until when `op` is known to be over the limit, if it is now.
     fn over_until(&self, op: &CounterOp, now: Micros) -> Option<Micros> {
         let key = self.digester.digest(&op.key);
-        let shard = self.shard(&key).lock();
+        let shard = self.shards.of(&key).lock();
         shard
             .get(&key)
             .filter(|over| over.covers(op, now))
@@ -286,7 +277,7 @@ impl Refusals {
 
     fn remember(&self, op: &CounterOp, until: Micros, now: Micros) {
         let key = self.digester.digest(&op.key);
-        let mut shard = self.shard(&key).lock();
+        let mut shard = self.shards.of(&key).lock();
         if shard.len() >= self.max_per_shard && !shard.contains_key(&key) {
             shard.retain(|_, over| over.until > now);
             if shard.len() >= self.max_per_shard {
@@ -306,7 +297,7 @@ impl Refusals {
 
     fn forget(&self, op: &CounterOp) {
         let key = self.digester.digest(&op.key);
-        self.shard(&key).lock().remove(&key);
+        self.shards.of(&key).lock().remove(&key);
     }
 }
 

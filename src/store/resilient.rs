@@ -23,8 +23,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::{
-    Applied, Batch, BoxFuture, CounterOp, FailureMode, Grant, LeaseAsk, MemoryStore, Store,
-    StoreError, StoreStatus, Take, admitted,
+    Applied, Batch, BoxFuture, CounterOp, FailureMode, Grant, LateAnswers, LeaseAsk, MemoryStore,
+    Store, StoreError, StoreStatus, Take, admitted,
 };
 use crate::algorithm::{Decision, Limit, Micros, SECOND};
 use crate::clock::Clock;
@@ -71,13 +71,6 @@ const CALLER_MARGIN_DIVISOR: u32 = 10;
 const MIN_CALLER_MARGIN: Duration = Duration::from_millis(1);
 /// Store failures are logged at most this often.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Where the store's answers go that no request waited for.
-pub trait LateAnswers: Send + Sync {
-    /// `batch`, sent at `asked_at`, got `applied` from the store after its caller was
-    /// answered by the failure policy.
-    fn answered(&self, batch: &Batch, applied: &Applied, asked_at: Micros);
-}
 
 /// A store wrapped in the failure policy.
 pub struct Resilient {
@@ -326,6 +319,11 @@ impl Store for Resilient {
 
     fn store_key(&self, op: &CounterOp) -> String {
         self.shared.primary.store_key(op)
+    }
+
+    /// The local fallback's counts are this instance's own: nothing to give back.
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        self.shared.primary.shut_down()
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {

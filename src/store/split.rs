@@ -253,6 +253,12 @@ impl Store for PerSecondSplit {
         })
     }
 
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {
+            join_all(vec![self.main.shut_down(), self.per_second.shut_down()]).await;
+        })
+    }
+
     fn store_key(&self, op: &CounterOp) -> String {
         if op.limit.window == SECOND {
             self.per_second.store_key(op)

@@ -58,10 +58,7 @@ fn limiter(metrics: &Metrics) -> Limiter {
 }
 
 fn request(entries: &[(&str, &str)], hits: i64) -> Request {
-    Request {
-        domain: "m".into(),
-        descriptors: vec![Descriptor::of(entries, hits)],
-    }
+    Request::of("m", vec![Descriptor::of(entries, hits)])
 }
 
 /// The value of the sample `name{labels}` in the exposition.

@@ -59,7 +59,7 @@ struct Flights<'a> {
 impl Drop for Flights<'_> {
     fn drop(&mut self) {
         for digest in &self.digests {
-            if let Some(block) = self.shared.shard(digest).lock().get_mut(digest) {
+            if let Some(block) = self.shared.shards.of(digest).lock().get_mut(digest) {
                 block.abort();
             }
         }
@@ -107,7 +107,7 @@ impl Shared {
                     .fetch_add(grant.units, Ordering::Relaxed);
                 continue;
             };
-            let mut shard = self.shard(digest).lock();
+            let mut shard = self.shards.of(digest).lock();
             let Some(block) = shard.get_mut(digest) else {
                 local.exact.push(i);
                 continue;

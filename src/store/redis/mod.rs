@@ -460,6 +460,11 @@ impl Store for RedisStore {
         Box::pin(self.delete(ops))
     }
 
+    /// Holds nothing: every count is in Redis already (connections close when dropped).
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
     fn store_key(&self, op: &CounterOp) -> String {
         self.shared.key_of(op, self.shared.local_now())
     }
