@@ -38,47 +38,10 @@ pub use names::sanitize;
 use transport::Transport;
 
 mod names;
+mod options;
 mod transport;
 
-/// Where and how the reference's stats are sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatsdSettings {
-    /// statsd over TCP, or DogStatsD over UDP.
-    pub format: StatsdFormat,
-    /// Server host.
-    pub host: String,
-    /// Server port.
-    pub port: u16,
-    /// `EXTRA_TAGS`, sorted by key.
-    pub extra_tags: Vec<(String, String)>,
-    /// DogStatsD only: the reference's mogrifiers (`USE_DOG_STATSD_MOGRIFIERS`), in order.
-    pub mogrifiers: Vec<Mogrifier>,
-    /// How often stats are sent.
-    pub flush_interval: Duration,
-}
-
-/// A DogStatsD mogrifier: a stat whose name matches `pattern` is sent as `name` with `tags`,
-/// where `$1`, `$2`, ... are the pattern's groups.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mogrifier {
-    /// Its name in `USE_DOG_STATSD_MOGRIFIERS`.
-    pub id: String,
-    /// A regular expression (checked when the settings are read).
-    pub pattern: String,
-    /// The name sent.
-    pub name: String,
-    /// Tags sent, `key`, `value` with `$n` in either.
-    pub tags: Vec<(String, String)>,
-}
-
-/// The stats protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatsdFormat {
-    /// Plain statsd lines over TCP, tags in the name (`.__k=v`), as the reference's default sink.
-    Statsd,
-    /// DogStatsD over UDP, tags as `|#k:v`.
-    DogStatsd,
-}
+pub use options::{Mogrifier, StatsdFormat, StatsdSettings};
 
 /// Longest wait to connect to the statsd server, and to write one flush.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(1);

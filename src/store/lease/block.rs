@@ -1,3 +1,6 @@
+// Why one long file: take, install, give back and expire keep one invariant over a block's
+// fields (each unit it holds was taken from the shared counter, and is admitted or handed back
+// once), and the unit tests beside them check it.
 //! One counter's block on this instance: the units it took from the shared counter and has
 //! not admitted yet, and what it knows of the counter. Pure bookkeeping on the local clock;
 //! the leasing layer holds each block under its shard's lock and does the store calls.
