@@ -1,0 +1,227 @@
+//! Connection bounds under hostile clients: slow-loris connections to the admin port, gRPC
+//! connections that never send their preface, more connections than the caps or the
+//! process's file limit allow. Timeouts on the test side only detect failures: each
+//! assertion is about what gets answered and what gets closed.
+
+use std::time::Duration;
+
+use crate::common::{SluiceProcess, TestServer, config_dir, descriptor, http_get, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::net::connection::ConnectionLimits;
+use sluice::settings::Settings;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const CONFIG: &str =
+    "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+
+/// Far longer than anything here takes when it works.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn settings(name: &str) -> Settings {
+    Settings::for_tests(config_dir(name, &[("c.yaml", CONFIG)]))
+}
+
+fn limits(max_connections: usize, millis: u64) -> ConnectionLimits {
+    ConnectionLimits {
+        max_connections,
+        handshake_timeout: Duration::from_millis(millis),
+    }
+}
+
+/// Connections to `addr` that each send `first` and then nothing.
+async fn stuck(
+    addr: impl tokio::net::ToSocketAddrs + Copy,
+    count: usize,
+    first: &[u8],
+) -> Vec<TcpStream> {
+    let mut streams = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(first).await.unwrap();
+        streams.push(stream);
+    }
+    streams
+}
+
+/// Reads until the server closes `stream`; what it sent before.
+async fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut sent = Vec::new();
+    match tokio::time::timeout(PATIENCE, stream.read_to_end(&mut sent)).await {
+        Ok(_) => sent, // end of stream, or a reset: closed either way
+        Err(_) => panic!("the server kept the connection open"),
+    }
+}
+
+/// A raw HTTP/2 connection to `addr` that has sent the client preface and an empty SETTINGS
+/// frame.
+async fn h2_connection(addr: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    stream
+}
+
+/// One `ShouldRateLimit` over a new connection, which must be answered.
+async fn grpc_answers(grpc: String) {
+    let ask = async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .unwrap();
+        client
+            .should_rate_limit(request("c", vec![descriptor(&[("k", "v")])]))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let answer = tokio::time::timeout(PATIENCE, ask)
+        .await
+        .expect("gRPC did not answer");
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_loris_clients_past_the_admin_cap_neither_stop_grpc_nor_keep_their_connections() {
+    let mut settings = settings("slow-loris");
+    settings.admin_connections = limits(8, 500);
+    let server = TestServer::start_with(settings).await;
+    // Three times the cap, each with one byte of a request line.
+    let mut attack = stuck(server.http_addr, 24, b"G").await;
+    grpc_answers(server.grpc_addr.to_string()).await;
+    // Each is accepted in turn and closed once its header timeout passes.
+    for stream in &mut attack {
+        assert!(until_closed(stream).await.is_empty());
+    }
+    assert_eq!(
+        http_get(server.http_addr, "/healthcheck").await.unwrap(),
+        (200, "OK".into())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_admin_cap_a_connection_waits_until_another_closes() {
+    let mut settings = settings("admin-cap");
+    settings.admin_connections = limits(4, 60_000);
+    let server = TestServer::start_with(settings).await;
+    let mut attack = stuck(server.http_addr, 4, b"G").await;
+    let health = tokio::spawn(http_get(server.http_addr, "/healthcheck"));
+    // Not answered while the cap is reached. A slow machine could only make this pass
+    // wrongly, never fail wrongly.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!health.is_finished(), "answered past the cap");
+    drop(attack.pop());
+    let answer = tokio::time::timeout(PATIENCE, health)
+        .await
+        .expect("still waiting after a connection closed");
+    assert_eq!(answer.unwrap().unwrap(), (200, "OK".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_admin_keep_alive_connection_is_closed_after_the_header_timeout() {
+    let mut settings = settings("admin-idle");
+    settings.admin_connections = limits(8, 300);
+    let server = TestServer::start_with(settings).await;
+    let mut stream = TcpStream::connect(server.http_addr).await.unwrap();
+    let head = "GET /healthcheck HTTP/1.1\r\nHost: sluice\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answer = String::from_utf8(until_closed(&mut stream).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.ends_with("OK"), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_connection_that_sends_nothing_or_half_a_preface_is_closed() {
+    let mut settings = settings("grpc-silent");
+    settings.grpc_connections = limits(100, 300);
+    let server = TestServer::start_with(settings).await;
+    let mut silent = stuck(server.grpc_addr, 1, b"").await;
+    let mut half = stuck(server.grpc_addr, 1, b"PRI * HTTP/2.0\r\n").await;
+    until_closed(&mut silent[0]).await;
+    until_closed(&mut half[0]).await;
+    grpc_answers(server.grpc_addr.to_string()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_connection_past_its_preface_outlives_the_handshake_timeout() {
+    let mut settings = settings("grpc-preface");
+    settings.grpc_connections = limits(100, 300);
+    let server = TestServer::start_with(settings).await;
+    let mut stream = h2_connection(server.grpc_addr).await;
+    // Nothing signals that a deadline has passed; wait for three of them.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    // A PING must still be answered on this connection.
+    stream
+        .write_all(b"\0\0\x08\x06\0\0\0\0\0sluice!!")
+        .await
+        .unwrap();
+    let pong = async {
+        loop {
+            let mut header = [0u8; 9];
+            stream.read_exact(&mut header).await.unwrap();
+            let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+            let mut payload = vec![0; len];
+            stream.read_exact(&mut payload).await.unwrap();
+            // PING with the ACK flag.
+            if header[3] == 6 && header[4] & 1 == 1 {
+                return payload;
+            }
+        }
+    };
+    let payload = tokio::time::timeout(PATIENCE, pong)
+        .await
+        .expect("no PING answer");
+    assert_eq!(payload, b"sluice!!");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_answers_while_admin_connections_exceed_the_file_limit() {
+    // The report: 1,100 slow-loris connections to the admin port under a 1,024 file limit
+    // stopped gRPC answers. Here: 150 under 128, with an admin cap of 64 and a header
+    // timeout that outlasts the test. (Past the cap, connections wait in the listen
+    // backlog, which the kernel may keep as short as 128: more would not connect.)
+    let dir = config_dir("file-limit", &[("c.yaml", CONFIG)]);
+    let args = [
+        "--admin-max-connections",
+        "64",
+        "--admin-header-timeout",
+        "60s",
+    ];
+    let process = SluiceProcess::spawn_with_file_limit(&dir, &args, 128);
+    let _attack = stuck(process.http.as_str(), 150, b"G").await;
+    grpc_answers(process.grpc.clone()).await;
+}
+
+/// The frame types of the HTTP/2 frames in `bytes` (a server's side of a connection).
+fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while bytes.len() >= 9 {
+        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        types.push(bytes[3]);
+        bytes = &bytes[(9 + len).min(bytes.len())..];
+    }
+    types
+}
+
+/// `GRPC_MAX_CONNECTION_AGE`: a connection older than the age is sent GOAWAY (so that Envoy
+/// opens its next one, possibly to a pod added since) and closed after the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_connection_past_its_age_is_sent_goaway_then_closed() {
+    let mut settings = settings("grpc-age");
+    settings.grpc_max_connection_age = (Duration::from_millis(300), Duration::from_millis(200));
+    let server = TestServer::start_with(settings).await;
+    let mut stream = h2_connection(server.grpc_addr).await;
+    // The ACK of the server's SETTINGS, then nothing.
+    stream.write_all(b"\0\0\0\x04\x01\0\0\0\0").await.unwrap();
+    let sent = until_closed(&mut stream).await;
+    const GOAWAY: u8 = 0x7;
+    assert!(
+        frame_types(&sent).contains(&GOAWAY),
+        "frames sent: {:?}",
+        frame_types(&sent)
+    );
+    // New connections are served as before.
+    grpc_answers(server.grpc_addr.to_string()).await;
+}
