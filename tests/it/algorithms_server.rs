@@ -106,7 +106,8 @@ async fn token_bucket_of_two_says_when_to_come_back(setup: &Setup) {
 
 async fn the_stricter_limit_decides(setup: &Setup) {
     let algo = setup.algo();
-    let name = |r: &crate::common::Decision| r.statuses[0].current_limit.as_ref().unwrap().name.clone();
+    let name =
+        |r: &crate::common::Decision| r.statuses[0].current_limit.as_ref().unwrap().name.clone();
     // The start of a second, so that the per-second window holds three requests.
     setup
         .clock

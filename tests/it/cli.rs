@@ -515,7 +515,8 @@ async fn grpc_can_listen_on_a_unix_socket() {
         .await
         .unwrap();
     let mut client = RateLimitServiceClient::new(channel);
-    let request = crate::common::request("cli", vec![crate::common::descriptor(&[("user", "uds")])]);
+    let request =
+        crate::common::request("cli", vec![crate::common::descriptor(&[("user", "uds")])]);
     let answer = client
         .should_rate_limit(request)
         .await

@@ -5,11 +5,10 @@
 //! Envoy makes no rate limit call for a route answered by `direct_response`, so the limited
 //! route proxies to a second Envoy listener whose only route is a `direct_response`.
 
-use std::net::TcpListener as StdListener;
 use std::time::Duration;
 
 use crate::common::TestServer;
-use crate::common::envoy::{self, Envoy, header};
+use crate::common::envoy::{self, Bootstrap, Envoy, header};
 
 const CONFIG: &str = r#"
 domain: edge
@@ -26,123 +25,40 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3}
 "#;
 
-/// A port that was free a moment ago (Envoy needs fixed ports in its bootstrap).
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Edge {
     _envoy: Envoy,
     front: u16,
-}
-
-fn bootstrap(front: u16, upstream: u16, admin: u16, sluice: u16, fail_open: bool) -> String {
-    let deny = !fail_open;
-    format!(
-        r#"
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/inflight"}}
-                route: {{cluster: upstream}}
-                # Per-route rate limits (the form that carries hits_addend): acquire one
-                # slot on the request path, release it when the stream is done.
-                typed_per_filter_config:
-                  envoy.filters.http.ratelimit:
-                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
-                    rate_limits:
-                    - actions:
-                      - request_headers: {{header_name: x-tenant, descriptor_key: tenant}}
-                    - apply_on_stream_done: true
-                      hits_addend: {{number: 1, is_negative_hits: true}}
-                      actions:
-                      - request_headers: {{header_name: x-tenant, descriptor_key: tenant}}
-              - match: {{prefix: "/"}}
-                route:
-                  cluster: upstream
-                  rate_limits:
-                  - actions:
-                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              failure_mode_deny: {deny}
-              timeout: 2s
-              enable_x_ratelimit_headers: DRAFT_VERSION_03
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service:
-                  envoy_grpc: {{cluster_name: sluice}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  - name: upstream
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: upstream
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "hello from upstream"}}}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    load_assignment:
-      cluster_name: upstream
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
-  - name: sluice
-    type: STATIC
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: sluice
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {sluice}}}}}}}}}]}}]
-"#
-    )
 }
 
 async fn start_envoy(sluice_port: u16) -> Edge {
     start_envoy_with(sluice_port, false).await
 }
 
-/// Envoy in front of Sluice at `sluice_port`; `fail_open` sets `failure_mode_deny: false`.
+/// Envoy in front of Sluice at `sluice_port`, with the draft `x-ratelimit-*` headers and a
+/// `/inflight` route whose per-route rate limits (the form that carries `hits_addend`)
+/// acquire one slot on the request path and release it when the stream is done; `fail_open`
+/// sets `failure_mode_deny: false`.
 async fn start_envoy_with(sluice_port: u16, fail_open: bool) -> Edge {
-    let (front, upstream, admin) = (free_port(), free_port(), free_port());
-    let config = bootstrap(front, upstream, admin, sluice_port, fail_open);
-    let envoy = Envoy::start(&config, admin).await;
+    let (envoy, front) = Bootstrap::new(sluice_port)
+        .fail_open(fail_open)
+        .filter("              enable_x_ratelimit_headers: DRAFT_VERSION_03")
+        .body("hello from upstream")
+        .routes(
+            r#"              - match: {prefix: "/inflight"}
+                route: {cluster: upstream}
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions:
+                      - request_headers: {header_name: x-tenant, descriptor_key: tenant}
+                    - apply_on_stream_done: true
+                      hits_addend: {number: 1, is_negative_hits: true}
+                      actions:
+                      - request_headers: {header_name: x-tenant, descriptor_key: tenant}"#,
+        )
+        .start()
+        .await;
     Edge {
         _envoy: envoy,
         front,
@@ -272,7 +188,8 @@ async fn rules_pushed_over_xds_are_what_envoy_enforces() {
     };
     let plane = crate::common::xds::Running::start().await;
     plane.serve("1", &[per_hour(1)]);
-    let mut settings = sluice::settings::Settings::for_tests(crate::common::config_dir("xds-edge", &[]));
+    let mut settings =
+        sluice::settings::Settings::for_tests(crate::common::config_dir("xds-edge", &[]));
     settings.xds = Some(plane.client());
     let sluice = TestServer::start_with(settings).await;
     let envoy = start_envoy(sluice.grpc_addr.port()).await;

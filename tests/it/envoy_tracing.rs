@@ -4,9 +4,7 @@
 //! span a child of Envoy's rate limit call. The same with Envoy's Zipkin tracer, which passes
 //! the trace on in B3 headers.
 
-use std::net::TcpListener as StdListener;
-
-use crate::common::envoy::{self, Envoy};
+use crate::common::envoy::{self, Bootstrap, Envoy};
 use crate::common::otlp::Collector;
 use crate::common::{TestServer, config_dir};
 use sluice::settings::Settings;
@@ -18,14 +16,6 @@ descriptors:
   - key: api_key
     rate_limit: {unit: hour, requests_per_unit: 1}
 "#;
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Envoy's OpenTelemetry tracer, exporting to the receiver's gRPC port.
 fn opentelemetry_tracer() -> &'static str {
@@ -49,118 +39,6 @@ fn zipkin_tracer() -> &'static str {
                 trace_id_128bit: true"#
 }
 
-/// Envoy: a traced front listener whose route asks Sluice, proxying to a direct response.
-fn bootstrap(
-    front: u16,
-    upstream: u16,
-    admin: u16,
-    sluice: u16,
-    collector: &Collector,
-    tracer: &str,
-) -> String {
-    let (otlp, zipkin) = (collector.grpc.port(), collector.http.port());
-    let cluster = |name: &str, port: u16, h2: bool| {
-        let h2 = if h2 {
-            r#"
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}"#
-        } else {
-            ""
-        };
-        format!(
-            r#"
-  - name: {name}
-    type: STATIC{h2}
-    load_assignment:
-      cluster_name: {name}
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]"#
-        )
-    };
-    let clusters = [
-        cluster("upstream", upstream, false),
-        cluster("sluice", sluice, true),
-        cluster("otlp", otlp, true),
-        cluster("zipkin", zipkin, false),
-    ]
-    .concat();
-    format!(
-        r#"
-node: {{id: edge-1, cluster: front-envoy}}
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-layered_runtime:
-  layers:
-  - name: flush-now
-    static_layer:
-      tracing.opentelemetry.flush_interval_ms: 100
-      tracing.opentelemetry.min_flush_spans: 1
-      tracing.zipkin.flush_interval_ms: 100
-      tracing.zipkin.min_flush_spans: 1
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front
-          tracing:
-            random_sampling: {{value: 100}}
-            provider:
-              {tracer}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route:
-                  cluster: upstream
-                  rate_limits:
-                  - actions:
-                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              failure_mode_deny: true
-              timeout: 2s
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service:
-                  envoy_grpc: {{cluster_name: sluice}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  - name: upstream
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: upstream
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "hello"}}}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:{clusters}
-"#
-    )
-}
-
 /// Sluice exporting to the receiver over OTLP/HTTP.
 async fn traced_sluice(collector: &Collector) -> TestServer {
     let mut settings = Settings::for_tests(config_dir("envoy-tracing", &[("edge.yaml", CONFIG)]));
@@ -181,17 +59,30 @@ struct Edge {
 
 async fn traced_edge(collector: &Collector, tracer: &str) -> Edge {
     let sluice = traced_sluice(collector).await;
-    let (front, upstream, admin) = (free_port(), free_port(), free_port());
-    let config = bootstrap(
-        front,
-        upstream,
-        admin,
-        sluice.grpc_addr.port(),
-        collector,
-        tracer,
-    );
+    let (envoy, front) = Bootstrap::new(sluice.grpc_addr.port())
+        .preamble(
+            "node: {id: edge-1, cluster: front-envoy}
+layered_runtime:
+  layers:
+  - name: flush-now
+    static_layer:
+      tracing.opentelemetry.flush_interval_ms: 100
+      tracing.opentelemetry.min_flush_spans: 1
+      tracing.zipkin.flush_interval_ms: 100
+      tracing.zipkin.min_flush_spans: 1",
+        )
+        .connection_manager(&format!(
+            "          tracing:
+            random_sampling: {{value: 100}}
+            provider:
+              {tracer}"
+        ))
+        .cluster("otlp", collector.grpc.port(), true)
+        .cluster("zipkin", collector.http.port(), false)
+        .start()
+        .await;
     Edge {
-        _envoy: Envoy::start(&config, admin).await,
+        _envoy: envoy,
         _sluice: sluice,
         front,
     }

@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use crate::common::redis::RedisServer;
-use crate::common::{TestServer, config_dir, descriptor, http_get, metric, request, should_rate_limit};
+use crate::common::{
+    TestServer, config_dir, descriptor, http_get, metric, request, should_rate_limit,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;

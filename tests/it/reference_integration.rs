@@ -15,7 +15,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, TlsRedisServer, command_calls};
+use crate::common::redis::{
+    RedisCluster, RedisSentinel, RedisServer, TlsRedisServer, command_calls,
+};
 use crate::common::reference::{
     RuleStats, answer, counter, no_limit, req, rule_stats, status, wait_for_counter, write_config,
 };

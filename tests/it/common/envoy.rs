@@ -68,3 +68,194 @@ pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
         .find_map(|line| line.strip_prefix(&format!("{name}: ")))
         .map(str::trim)
 }
+
+/// An Envoy bootstrap for tests: a front listener whose routes ask Sluice through the HTTP
+/// `ratelimit` filter (domain `edge`), proxying to a second listener that answers with a direct
+/// response (Envoy makes no rate limit call for a route that is itself a direct response).
+/// The ports are picked free when it is made; [`Bootstrap::start`] starts Envoy on it.
+pub struct Bootstrap {
+    /// The front listener, where clients send requests.
+    pub front: u16,
+    upstream: u16,
+    admin: u16,
+    sluice: u16,
+    failure_mode_deny: bool,
+    preamble: String,
+    connection_manager: String,
+    routes: String,
+    filter: String,
+    body: &'static str,
+    clusters: Vec<(String, u16, bool)>,
+}
+
+impl Bootstrap {
+    /// Front routes `/` to the upstream with one `api_key` action from `x-api-key`; Sluice on
+    /// `sluice` (gRPC), failing closed (`failure_mode_deny: true`).
+    pub fn new(sluice: u16) -> Self {
+        let free = || super::redis::free_port();
+        Self {
+            front: free(),
+            upstream: free(),
+            admin: free(),
+            sluice,
+            failure_mode_deny: true,
+            preamble: String::new(),
+            connection_manager: String::new(),
+            routes: String::new(),
+            filter: String::new(),
+            body: "hello",
+            clusters: Vec::new(),
+        }
+    }
+
+    /// `failure_mode_deny: !open`.
+    pub fn fail_open(mut self, open: bool) -> Self {
+        self.failure_mode_deny = !open;
+        self
+    }
+
+    /// Top-level bootstrap fields (`node`, `layered_runtime`), as YAML at column 0.
+    pub fn preamble(mut self, yaml: &str) -> Self {
+        self.preamble = yaml.to_owned();
+        self
+    }
+
+    /// Fields of the front listener's `HttpConnectionManager` (e.g. `tracing`), indented as
+    /// its `stat_prefix`.
+    pub fn connection_manager(mut self, yaml: &str) -> Self {
+        self.connection_manager = yaml.to_owned();
+        self
+    }
+
+    /// Routes tried before `/`, indented as list items of `routes`.
+    pub fn routes(mut self, yaml: &str) -> Self {
+        self.routes = yaml.to_owned();
+        self
+    }
+
+    /// Fields of the `ratelimit` filter's config beside `domain`, indented as it.
+    pub fn filter(mut self, yaml: &str) -> Self {
+        self.filter = yaml.to_owned();
+        self
+    }
+
+    /// The upstream's answer body.
+    pub fn body(mut self, body: &'static str) -> Self {
+        self.body = body;
+        self
+    }
+
+    /// A static cluster `name` at `127.0.0.1:port` (over HTTP/2 with `h2`).
+    pub fn cluster(mut self, name: &str, port: u16, h2: bool) -> Self {
+        self.clusters.push((name.to_owned(), port, h2));
+        self
+    }
+
+    /// Starts Envoy on this bootstrap and waits until it is ready.
+    pub async fn start(self) -> (Envoy, u16) {
+        let front = self.front;
+        (Envoy::start(&self.to_string(), self.admin).await, front)
+    }
+}
+
+impl std::fmt::Display for Bootstrap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            front,
+            upstream,
+            admin,
+            failure_mode_deny,
+            preamble,
+            connection_manager,
+            routes,
+            filter,
+            body,
+            ..
+        } = self;
+        let http_connection_manager = "envoy.filters.network.http_connection_manager
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+        let router = "envoy.filters.http.router
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+        write!(
+            f,
+            r#"{preamble}
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
+    filter_chains:
+    - filters:
+      - name: {http_connection_manager}
+          stat_prefix: front
+{connection_manager}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+{routes}
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions:
+                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: edge
+              failure_mode_deny: {failure_mode_deny}
+              timeout: 2s
+{filter}
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: sluice}}
+          - name: {router}
+  - name: upstream
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}
+    filter_chains:
+    - filters:
+      - name: {http_connection_manager}
+          stat_prefix: upstream
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "{body}"}}}}
+          http_filters:
+          - name: {router}
+  clusters:
+"#
+        )?;
+        let fixed = [
+            ("upstream", *upstream, false),
+            ("sluice", self.sluice, true),
+        ];
+        let more = self.clusters.iter().map(|(n, p, h2)| (n.as_str(), *p, *h2));
+        for (name, port, h2) in fixed.into_iter().chain(more) {
+            writeln!(f, "  - name: {name}\n    type: STATIC")?;
+            if h2 {
+                writeln!(
+                    f,
+                    r#"    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}"#
+                )?;
+            }
+            writeln!(
+                f,
+                "    load_assignment:\n      cluster_name: {name}\n      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]"
+            )?;
+        }
+        Ok(())
+    }
+}
