@@ -122,7 +122,7 @@ impl RuleSeries {
         }
     }
 
-    /// Drops the series of rules that `policy` no longer has.
+    /// Drops the series of rules that `policy` no longer has (after a reload).
     fn retain(&self, policy: &Policy) {
         let live: HashSet<&str> = policy
             .rules()
@@ -354,8 +354,6 @@ impl Observer for RuleSeries {
     fn global_shadow_mode(&self) {
         self.global_shadow_mode.inc();
     }
-
-    /// Drops the series of rules that `policy` no longer has (after a reload).
 
     fn policy_swapped(&self, policy: &Policy) {
         self.retain(policy);
