@@ -1,6 +1,7 @@
 // Why one long file: the bootstrap read top to bottom in the order it runs; the listeners, the
-// store stack and the running service are in app/.
-//! Bootstrap: settings → config → store → limiter → servers, and the ordered shutdown.
+// metrics, the store stack and the running service are in app/.
+//! Bootstrap, the only place that builds: settings → config → registry and metrics → store
+//! stack → limiter → faces (gRPC, admin, config source) → tasks, and the ordered shutdown.
 //!
 //! Everything that can be wrong with the settings or the config is found by [`prepare`],
 //! before any port is bound; [`Prepared::serve`] takes already-bound listeners, so tests

@@ -2,6 +2,11 @@
 //! reference service's names where it has one; a flag wins over its variable), with defaults
 //! and validation. Tests build [`Settings`] values directly.
 //!
+//! Settings only translate: each option type belongs to the module that reads it
+//! (`LogSettings` to `logging`, `TracingSettings` to `traces`, `StatsdSettings` to
+//! `metrics::statsd`, `XdsSettings` to `source::xds`, `RedisOptions` to `store::redis`, ...),
+//! and no module below this one imports it.
+//!
 //! - `args`: the flags and their environment variables, one group per concern (listeners,
 //!   config source, store, failure policy, requests, responses, telemetry, shutdown);
 //! - [`reference`](mod@reference): every envoyproxy/ratelimit variable and what Sluice does with it;
