@@ -123,3 +123,29 @@ impl Exposition for Scrape {
         self.metrics.render(&self.limiter.store().status())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::limiter::{Descriptor, LimiterOptions, Request};
+
+    const TWO_RULES: &str = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: other\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+    const ONE_RULE: &str = "domain: m\ndescriptors:\n  - key: other\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+
+    /// A policy swapped into the limiter reaches the per-rule series through this observer:
+    /// the series of a rule the new policy lacks are gone from the exposition.
+    #[tokio::test]
+    async fn a_swapped_policy_drops_the_series_of_removed_rules() {
+        let metrics = Arc::new(Metrics::new(0.8, 100));
+        let limiter =
+            Limiter::for_tests(TWO_RULES, LimiterOptions::default(), Arc::new(SystemClock))
+                .with_observer(metrics.clone());
+        let request = Request::of("m", vec![Descriptor::of(&[("user", "a")], 1)]);
+        limiter.check(&request).await.unwrap();
+        let status = limiter.store().status();
+        assert!(metrics.render(&status).contains(r#"rule="m.user""#));
+        limiter.set_policy(Arc::new(crate::config::policy_for_tests(ONE_RULE)));
+        assert!(!metrics.render(&status).contains(r#"rule="m.user""#));
+    }
+}

@@ -19,7 +19,8 @@ pub(super) enum Time {
 }
 
 impl Time {
-    /// The clock of counters shared with other processes: the wall clock.
+    /// The wall clock: of the counters (in memory, in Redis's script when pinned) and of the
+    /// layers that remember when they end (the failure policy, the over-limit cache).
     fn wall(&self) -> Arc<dyn Clock> {
         match self {
             Time::System => Arc::new(SystemClock),
@@ -47,14 +48,15 @@ pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn St
         .redis
         .as_ref()
         .ok_or_else(|| AppError::Serve("the redis backend needs REDIS_URL".into()))?;
-    tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
     // redis and resilient: each Redis behind its own failure policy (one failing leaves the
     // other exact).
     let main = resilient_redis(settings, options, time)?;
+    tracing::info!(kind = ?options.kind, prefix = %options.key_prefix, "counting in redis");
     let per_second = (settings.redis_per_second.as_ref())
         .map(|fast| {
+            let store = resilient_redis(settings, fast, time)?;
             tracing::info!(kind = ?fast.kind, "counting limits per second in their own redis (REDIS_PERSECOND)");
-            resilient_redis(settings, fast, time)
+            Ok::<_, AppError>(store)
         })
         .transpose()?;
     // split: the counters with one-second windows on their own Redis (REDIS_PERSECOND).

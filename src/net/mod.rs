@@ -7,5 +7,3 @@
 pub mod connection;
 pub mod http;
 pub mod tls;
-
-pub use connection::ConnectionLimits;

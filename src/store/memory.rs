@@ -20,7 +20,7 @@ mod table;
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -35,8 +35,8 @@ use crate::algorithm::{
 };
 use crate::clock::Clock;
 
-use super::digest::{Digester, Sharded};
-use table::{Digest, DigestHasher, Table};
+use super::digest::{DigestMap, Digester, Sharded};
+use table::{Digest, Table};
 
 /// Counters drawn at random to choose a victim when a full shard must evict. With a fraction
 /// `f` of a shard's counters charged more than once, all 16 are such counters with
@@ -280,7 +280,7 @@ struct Pending {
     charges: Vec<(usize, Digest, Transition)>,
     /// Key → position in `charges` of its latest charge, once there are more than
     /// [`Pending::SCAN`].
-    index: Option<HashMap<Digest, usize, BuildHasherDefault<DigestHasher>>>,
+    index: Option<DigestMap<usize>>,
 }
 
 impl Pending {

@@ -321,7 +321,7 @@ impl Store for Resilient {
         self.shared.primary.store_key(op)
     }
 
-    /// The local fallback's counts are this instance's own: nothing to give back.
+    /// The local fallback holds nothing of the shared counters; the store behind may.
     fn shut_down(&self) -> BoxFuture<'_, ()> {
         self.shared.primary.shut_down()
     }

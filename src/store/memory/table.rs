@@ -6,13 +6,12 @@
 //! sample of the live counters in O(1) per draw, whatever the insertion order.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 
-pub(super) use crate::store::digest::{Digest, DigestHasher};
+pub(super) use crate::store::digest::{Digest, DigestMap};
 
 /// Counters of one shard, each an entry `(digest, value)`.
 pub(super) struct Table<V> {
-    index: HashMap<Digest, u32, BuildHasherDefault<DigestHasher>>,
+    index: DigestMap<u32>,
     entries: Vec<(Digest, V)>,
     /// The most counters the shard may hold: growth stops there instead of doubling past it.
     max: usize,
