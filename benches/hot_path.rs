@@ -71,6 +71,7 @@ fn memory_store(c: &mut Criterion) {
         .unwrap();
     let _guard = runtime.enter();
     let limit = Limit {
+        overdraft: false,
         requests: u64::MAX / 2,
         window: 60 * SECOND,
         algorithm: Algorithm::FixedWindow,

@@ -4,6 +4,9 @@
 //! allowed iff `c + h <= L`, then `c += h`; remaining `L - c`; reset after `s + W - now`.
 //! This is the reference service's algorithm; it admits up to `2L` across a window
 //! boundary, which the sliding window and token bucket avoid.
+//!
+//! A usage budget ([`Limit::overdraft`]) passes iff `c + max(h, 1) <= L` and charges `h`
+//! either way: the count may pass `L`, and stays there until the window ends.
 
 use super::{Decision, Limit, Micros, can_ever_pass};
 
@@ -47,7 +50,8 @@ pub fn decide(state: Option<&Window>, limit: &Limit, now: Micros, hits: i64) -> 
     }
 
     let hits = hits as u64;
-    let fits = limit.requests > 0 && window.count.saturating_add(hits) <= limit.requests;
+    let fits =
+        limit.requests > 0 && window.count.saturating_add(limit.room_for(hits)) <= limit.requests;
     if fits {
         let next = Window {
             count: window.count + hits,
@@ -55,14 +59,21 @@ pub fn decide(state: Option<&Window>, limit: &Limit, now: Micros, hits: i64) -> 
         };
         (allowed(limit, next, reset_after), next)
     } else {
+        // A usage budget records the refused charge: the overdraft stays until the window ends.
+        let next = Window {
+            count: window
+                .count
+                .saturating_add(if limit.overdraft { hits } else { 0 }),
+            ..window
+        };
         let decision = Decision {
             allowed: false,
-            remaining: limit.requests.saturating_sub(window.count),
+            remaining: limit.requests.saturating_sub(next.count),
             reset_after,
             // More hits than the limit never fit, however long the client waits.
             retry_after: can_ever_pass(limit.requests, hits).then_some(reset_after),
         };
-        (decision, window)
+        (decision, next)
     }
 }
 

@@ -74,6 +74,11 @@ pub struct Limit {
     pub algorithm: Algorithm,
     /// Token bucket capacity (equal to `requests` for the other algorithms).
     pub burst: u64,
+    /// A usage budget (`overdraft: true`): every charge is recorded, also one that crosses
+    /// the limit or is refused, and the budget is spent (checks refused too) from the limit
+    /// on. A window keeps the overdraft until it ages out; a token bucket goes into debt
+    /// and refills out of it. Never on concurrency limits.
+    pub overdraft: bool,
 }
 
 impl Limit {
@@ -84,7 +89,24 @@ impl Limit {
             window,
             algorithm,
             burst: requests,
+            overdraft: false,
         }
+    }
+
+    /// This limit as a usage budget (see [`Limit::overdraft`]).
+    pub const fn with_overdraft(self, overdraft: bool) -> Self {
+        Self { overdraft, ..self }
+    }
+
+    /// The hits `hits` must fit with to be allowed: themselves, except that a usage budget
+    /// is spent at its limit, so a check (0 hits) there needs room for one.
+    pub(crate) fn room_for(&self, hits: u64) -> u64 {
+        if self.overdraft { hits.max(1) } else { hits }
+    }
+
+    /// Whether a refused charge of `hits` is recorded anyway (a usage budget's).
+    pub(crate) fn records_refused(&self, hits: i64) -> bool {
+        self.overdraft && hits > 0
     }
 }
 
@@ -204,9 +226,13 @@ counter!(concurrency: InFlight => Concurrency, |_c, limit, now| now.saturating_a
 /// is refused as a whole: refunds always do, and so do concurrency acquisitions, because
 /// every acquisition is released later whether it was admitted or not (Envoy sends its
 /// stream-done release for refused requests too); counting only admitted ones would let
-/// those releases hand out capacity that was never taken.
+/// those releases hand out capacity that was never taken. So do a usage budget's charges:
+/// they report usage that already happened (and an estimate Envoy returns at stream done
+/// whether or not it was admitted).
 pub fn applies_unconditionally(limit: &Limit, hits: i64) -> bool {
-    hits < 0 || (hits > 0 && limit.algorithm == Algorithm::Concurrency)
+    hits < 0
+        || (hits > 0 && limit.algorithm == Algorithm::Concurrency)
+        || limit.records_refused(hits)
 }
 
 /// Whether `hits` can ever pass `limit` (a request larger than the limit never can).
@@ -254,3 +280,6 @@ pub fn lease(state: Option<&State>, limit: &Limit, now: Micros, ask: Ask) -> (u6
     let t = decide(state, limit, now, need as i64);
     (if t.decision.allowed { need } else { 0 }, t)
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,6 +6,9 @@
 //! window it never admits `2L` across a boundary; it assumes the previous window's hits were
 //! spread evenly, so its error is bounded by that assumption.
 //!
+//! A usage budget ([`Limit::overdraft`]) passes iff `estimate + max(h, 1) <= L` and charges
+//! `h` either way; the overdraft slides out with the windows that hold it.
+//!
 //! The state keeps the time of the last charge (its window is the current one) and `now` is
 //! clamped to it: a clock that steps backwards neither adds capacity nor removes any.
 //!
@@ -78,18 +81,25 @@ pub fn decide(
         return (allowed(limit, &next, now, elapsed), next);
     }
     let h = hits as u64;
-    if l > 0 && estimate(&w, window, elapsed) + h as f64 <= l as f64 {
+    if l > 0 && estimate(&w, window, elapsed) + limit.room_for(h) as f64 <= l as f64 {
         let next = Windows {
             current: w.current + h,
             ..w
         };
         return (allowed(limit, &next, now, elapsed), next);
     }
+    // A usage budget records the refused charge: the overdraft slides out with its windows.
+    let w = Windows {
+        current: w
+            .current
+            .saturating_add(if limit.overdraft { h } else { 0 }),
+        ..w
+    };
     let decision = Decision {
         allowed: false,
         remaining: remaining(&w, limit, elapsed),
         reset_after: full_after(&w, limit, now),
-        retry_after: can_ever_pass(l, h).then(|| retry_after(&w, limit, now, h)),
+        retry_after: can_ever_pass(l, h).then(|| retry_after(&w, limit, now, limit.room_for(h))),
     };
     (decision, w)
 }

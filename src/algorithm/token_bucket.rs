@@ -5,6 +5,9 @@
 //! `tat' - B * T <= now`. A bucket is full when `tat <= now`, so an idle key never saves more
 //! than one burst. The state also keeps the time of the last charge, and `now` is clamped to
 //! it: a clock that steps backwards neither adds tokens nor removes any (DESIGN §4).
+//! A usage budget ([`Limit::overdraft`]) passes iff `max(tat, now) + max(h, 1) * T - B * T
+//! <= now` and charges `h` either way: `tat` may pass `now + B * T` (a debt), and the bucket
+//! refills out of it at the same rate.
 //! Fractional tokens are kept: `tat` is an `f64` of microseconds, computed in the same order
 //! in Rust and in the Lua script.
 
@@ -53,19 +56,26 @@ pub fn decide(state: Option<&Bucket>, limit: &Limit, now: Micros, hits: i64) -> 
     }
     let h = hits as u64;
     let candidate = tat + h as f64 * interval;
-    if candidate - capacity <= now_f {
+    let needed = tat + limit.room_for(h) as f64 * interval;
+    if needed - capacity <= now_f {
         let next = Bucket {
             tat: candidate,
             last: now,
         };
         return (allowed(&next, interval, capacity, now_f), next);
     }
-    let current = Bucket { tat, last: now };
+    // A usage budget records the refused charge: the bucket goes into debt (its arrival time
+    // passes now by more than the capacity) and refills out of it.
+    let current = Bucket {
+        tat: if limit.overdraft { candidate } else { tat },
+        last: now,
+    };
+    let after = current.tat + limit.room_for(h) as f64 * interval;
     let decision = Decision {
         allowed: false,
         remaining: remaining(&current, interval, capacity, now_f),
-        reset_after: micros(tat - now_f),
-        retry_after: can_ever_pass(burst, h).then(|| micros(candidate - capacity - now_f)),
+        reset_after: micros(current.tat - now_f),
+        retry_after: can_ever_pass(burst, h).then(|| micros(after - capacity - now_f)),
     };
     (decision, current)
 }

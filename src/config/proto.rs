@@ -96,6 +96,7 @@ fn rate_limit(policy: &RateLimitPolicy) -> RawRateLimit {
         }),
         algorithm: None,
         burst: None,
+        overdraft: false,
     }
 }
 

@@ -99,6 +99,9 @@ pub struct RawRateLimit {
     /// Token bucket capacity (Sluice extension; default requests_per_unit).
     #[serde(default)]
     pub burst: Option<u32>,
+    /// A usage budget: every charge counts, also past the limit (Sluice extension).
+    #[serde(default)]
+    pub overdraft: bool,
 }
 
 /// One `replaces:` entry.
@@ -141,6 +144,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "replaces",
     "algorithm",
     "burst",
+    "overdraft",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 

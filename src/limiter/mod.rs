@@ -32,6 +32,10 @@ use crate::store::{
     StoreError,
 };
 
+/// The largest charge a usage budget counts in full (Envoy's bound on `hits_addend`); a
+/// larger one counts as this many.
+pub const MAX_CHARGE: u64 = 1_000_000_000;
+
 /// `limit_remaining` reported for `unlimited` rules, as the reference service does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
 
@@ -397,19 +401,28 @@ impl Limiter {
         // Hits beyond the capacity plus one change no decision (they are over any state of the
         // counter) and no state (a refund cannot go below empty), so they are clamped here,
         // before any store does arithmetic with them: 2^63 hits must not overflow a count.
+        // A usage budget records what it is charged, so its charges count in full up to
+        // MAX_CHARGE (Envoy's own bound on `hits_addend`).
         let most = algorithm_limit
             .requests
             .max(algorithm_limit.burst)
             .saturating_add(1)
+            .max(if algorithm_limit.overdraft {
+                MAX_CHARGE
+            } else {
+                0
+            })
             .min(i64::MAX as u64) as i64;
-        // Concurrency releases must reach the shared count: never leased.
-        let consistency = if algorithm_limit.algorithm == Algorithm::Concurrency {
-            Consistency::Exact
-        } else {
-            rule.and_then(|r| r.consistency)
-                .or(domain_consistency)
-                .unwrap_or(self.options.consistency)
-        };
+        // Concurrency releases must reach the shared count, and a usage budget's every
+        // charge: never leased (a block taken from a budget is overdrawn by the next report).
+        let consistency =
+            if algorithm_limit.algorithm == Algorithm::Concurrency || algorithm_limit.overdraft {
+                Consistency::Exact
+            } else {
+                rule.and_then(|r| r.consistency)
+                    .or(domain_consistency)
+                    .unwrap_or(self.options.consistency)
+            };
         // The reference's keys where the reference has the same counter: one fixed window per
         // descriptor, decided exactly (its `rate_limits`, `priorities` and leases are Sluice's).
         let reference = self.options.reference_keys

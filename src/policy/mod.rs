@@ -168,6 +168,8 @@ pub struct RateLimit {
     pub algorithm: Algorithm,
     /// Token bucket capacity; `None` for `requests_per_unit`.
     pub burst: Option<u32>,
+    /// A usage budget (see [`algorithm::Limit::overdraft`]).
+    pub overdraft: bool,
     /// Reported in `current_limit.name`.
     pub name: Option<String>,
 }
@@ -180,6 +182,7 @@ impl RateLimit {
             unit,
             algorithm: Algorithm::FixedWindow,
             burst: None,
+            overdraft: false,
             name: None,
         }
     }
@@ -192,6 +195,7 @@ impl RateLimit {
             window: self.unit.window(),
             algorithm: self.algorithm,
             burst: self.burst.map_or(requests, u64::from),
+            overdraft: self.overdraft,
         }
     }
 }

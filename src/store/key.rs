@@ -137,6 +137,7 @@ mod tests {
     use crate::algorithm::{Algorithm, SECOND};
 
     const MINUTE: Limit = Limit {
+        overdraft: false,
         requests: 10,
         window: 60 * SECOND,
         algorithm: Algorithm::FixedWindow,

@@ -70,6 +70,8 @@ fn cacheable(op: &CounterOp) -> bool {
     matches!(op.role, Role::Enforce | Role::Shadow)
         && op.hits > 0
         && op.limit.algorithm != Algorithm::Concurrency
+        // A usage budget's charges count even when refused: the store must see each.
+        && !op.limit.overdraft
 }
 
 /// The decision for `op`, remembered as refused until `until`.

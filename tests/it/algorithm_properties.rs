@@ -9,7 +9,11 @@
 //! - concurrency: never more than `L` admitted requests in flight, when every acquisition
 //!   (admitted or refused) is released, as Envoy does;
 //! - every algorithm: decisions are monotone in hits, and refunds never create capacity
-//!   beyond the limit.
+//!   beyond the limit;
+//! - usage budgets (`overdraft`): a fixed window records every charge, refused ones too, and
+//!   passes exactly when the recorded count leaves room for `max(h, 1)`; a sliding window
+//!   passes nothing its current window's recorded charges leave no room for; a token bucket
+//!   passes nothing while the charges recorded since any instant exceed what it refilled.
 
 use proptest::prelude::*;
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND, State, applies_unconditionally, decide};
@@ -37,6 +41,7 @@ fn limit_strategy(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
         1u64..20,
     )
         .prop_map(move |(requests, window, burst)| Limit {
+            overdraft: false,
             requests,
             window,
             algorithm,
@@ -67,6 +72,32 @@ fn run(limit: &Limit, steps: &[Step]) -> (Vec<(Micros, u64)>, Vec<u64>) {
         remaining.push(t.decision.remaining);
     }
     (admitted, remaining)
+}
+
+/// Runs the steps like a store does and returns every step as (time, hits, allowed).
+fn run_all(limit: &Limit, steps: &[Step]) -> Vec<(Micros, i64, bool)> {
+    let mut now = 1_700_000_000 * SECOND;
+    let mut state: Option<State> = None;
+    let mut out = Vec::new();
+    for step in steps {
+        now += step.gap;
+        let t = decide(state.as_ref(), limit, now, step.hits);
+        if (t.decision.allowed && step.hits != 0) || applies_unconditionally(limit, step.hits) {
+            state = Some(t.next);
+        }
+        out.push((now, step.hits, t.decision.allowed));
+    }
+    out
+}
+
+/// Usage budgets: larger charges, some past the limit on their own.
+fn budget_steps(window: Micros) -> impl Strategy<Value = Vec<Step>> {
+    let step = (
+        prop_oneof![3 => Just(0u64), 5 => 0..window / 4, 1 => 0..2 * window],
+        prop_oneof![6 => 1i64..=8, 2 => Just(0i64), 1 => 20i64..=60, 1 => -8i64..=-1],
+    )
+        .prop_map(|(gap, hits)| Step { gap, hits });
+    proptest::collection::vec(step, 1..120)
 }
 
 /// Steps without refunds, for the "never admits more than" properties.
@@ -165,6 +196,7 @@ proptest! {
         extra in 0i64..5,
     ) {
         let limit = Limit {
+            overdraft: false,
             requests: 1 + seed % 10,
             window: 60 * SECOND,
             algorithm,
@@ -199,5 +231,68 @@ proptest! {
         let limit = Limit::new(limit_size, 60 * SECOND, algorithm);
         let (_, remaining) = run(&limit, &steps);
         prop_assert!(remaining.iter().all(|&r| r <= limit.burst.max(limit.requests)), "{remaining:?}");
+    }
+
+    #[test]
+    fn a_fixed_window_budget_records_every_charge_and_passes_exactly_when_there_is_room(
+        limit in limit_strategy(Algorithm::FixedWindow),
+        steps in budget_steps(60 * SECOND),
+    ) {
+        let limit = limit.with_overdraft(true);
+        // The model: one count per window, charged whatever the answer.
+        let (mut window, mut count) = (u64::MAX, 0u64);
+        for (t, h, allowed) in run_all(&limit, &steps) {
+            if t / limit.window != window {
+                (window, count) = (t / limit.window, 0);
+            }
+            if h >= 0 {
+                let room = (h as u64).max(1);
+                prop_assert_eq!(allowed, count + room <= limit.requests, "count {} at {}", count, t);
+                count += h as u64;
+            } else {
+                count = count.saturating_sub(h.unsigned_abs());
+            }
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_budget_passes_nothing_its_recorded_charges_leave_no_room_for(
+        limit in limit_strategy(Algorithm::SlidingWindow),
+        steps in budget_steps(60 * SECOND),
+    ) {
+        let limit = limit.with_overdraft(true);
+        let (mut window, mut count) = (u64::MAX, 0u64);
+        for (t, h, allowed) in run_all(&limit, &without_refunds(steps)) {
+            if t / limit.window != window {
+                (window, count) = (t / limit.window, 0);
+            }
+            if allowed {
+                prop_assert!(count + (h as u64).max(1) <= limit.requests, "count {} at {}", count, t);
+            }
+            count += h as u64;
+        }
+    }
+
+    #[test]
+    fn a_token_bucket_budget_passes_nothing_while_in_debt(
+        limit in limit_strategy(Algorithm::TokenBucket),
+        steps in budget_steps(SECOND),
+    ) {
+        let limit = limit.with_overdraft(true);
+        let all = run_all(&limit, &without_refunds(steps));
+        let interval = limit.window as f64 / limit.requests as f64;
+        for (i, &(now, h, allowed)) in all.iter().enumerate() {
+            if !allowed {
+                continue;
+            }
+            // Every charge recorded since any earlier instant, and this one's room, fit in
+            // the burst plus what refilled since.
+            for &(start, _, _) in &all[..=i] {
+                let since: i64 = all[..i].iter().filter(|(t, _, _)| *t >= start).map(|(_, h, _)| h).sum();
+                let needed = since as f64 + h.max(1) as f64;
+                let allowance = limit.burst as f64 + (now - start) as f64 / interval;
+                prop_assert!(needed <= allowance + 1e-6, "{} > {} at {}", needed, allowance, now);
+            }
+        }
     }
 }

@@ -69,6 +69,7 @@ struct Case {
 
 fn limit(algorithm: Algorithm, requests: u64, window: Micros, burst: u64) -> Limit {
     Limit {
+        overdraft: false,
         requests,
         window,
         algorithm,
@@ -184,6 +185,39 @@ fn cases() -> Vec<Case> {
             name: "refunds never exceed the limit",
             limit: limit(SlidingWindow, 5, MINUTE, 5),
             steps: vec![burst("a", 0, 3, 3), one("a", 1, -10, true, 5, None)],
+        },
+        Case {
+            // A usage budget: the charge that crosses it counts, checks are refused until the
+            // window ends, a refund returns exactly what was charged.
+            name: "fixed window budget of 100/min",
+            limit: limit(FixedWindow, 100, MINUTE, 100).with_overdraft(true),
+            steps: vec![
+                one("a", 0, 80, true, 20, None),
+                one("a", SECOND, 50, false, 0, Some(59 * SECOND)),
+                one("a", 2 * SECOND, 0, false, 0, Some(58 * SECOND)),
+                one("a", 3 * SECOND, -40, true, 10, None),
+                one("a", MINUTE, 0, true, 100, None),
+            ],
+        },
+        Case {
+            // 250 of 100 carried into the next window at its remaining weight.
+            name: "sliding window budget of 100/min",
+            limit: limit(SlidingWindow, 100, MINUTE, 100).with_overdraft(true),
+            steps: vec![
+                one("a", 0, 250, false, 0, None),
+                one("a", MINUTE + 36 * SECOND, 0, false, 0, Some(240_000)),
+                one("a", MINUTE + 37 * SECOND, 0, true, 4, None),
+            ],
+        },
+        Case {
+            // One token a second, 60 at most: 90 at once is a debt of 30.
+            name: "token bucket budget of 60/min",
+            limit: limit(TokenBucket, 60, MINUTE, 60).with_overdraft(true),
+            steps: vec![
+                one("a", 0, 90, false, 0, None),
+                one("a", 30 * SECOND, 0, false, 0, Some(SECOND)),
+                one("a", 31 * SECOND, 1, true, 0, None),
+            ],
         },
     ]
 }
@@ -378,6 +412,9 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
         limit(Algorithm::SlidingWindow, 4, 2 * SECOND, 4),
         limit(Algorithm::TokenBucket, 5, SECOND, 3),
         limit(Algorithm::Concurrency, 2, 10 * SECOND, 2),
+        limit(Algorithm::FixedWindow, 5, SECOND, 5).with_overdraft(true),
+        limit(Algorithm::SlidingWindow, 6, 2 * SECOND, 6).with_overdraft(true),
+        limit(Algorithm::TokenBucket, 4, SECOND, 4).with_overdraft(true),
     ];
     let seed = 0x5EED_0001;
     let mut rng = Rng(seed);
@@ -389,12 +426,12 @@ async fn the_redis_store_decides_random_traffic_as_the_memory_store_does() {
             .map(|_| Batch {
                 ops: (0..1 + rng.below(3))
                     .map(|_| {
-                        let limit = limits[rng.below(4) as usize];
+                        let limit = limits[rng.below(limits.len() as u64) as usize];
                         let name = ["a", "b"][rng.below(2) as usize];
                         CounterOp {
                             key: CounterKey::new(&namespace, [("k", name)], &limit),
                             limit,
-                            hits: [1, 1, 1, 1, 1, 0, 2, 3, -1, -1][rng.below(10) as usize],
+                            hits: [1, 1, 1, 1, 1, 0, 2, 3, -1, -1, 7][rng.below(11) as usize],
                             role: [
                                 Role::Enforce,
                                 Role::Enforce,

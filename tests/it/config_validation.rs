@@ -115,6 +115,9 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "priorities_without_limit.yaml: descriptors[0].priorities: priorities without rate_limit or rate_limits",
     "bad_failure_mode.yaml: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny or local)",
     "too_deep.yaml:5:73: nesting deeper than 64 levels",
+    "overdraft_with_concurrency.yaml: descriptors[0].rate_limit.overdraft: overdraft is not valid with algorithm: concurrency",
+    "unlimited_with_overdraft.yaml: descriptors[0].rate_limit.overdraft: should not specify overdraft when unlimited",
+    "leased_overdraft.yaml: descriptors[0].consistency: consistency: leased is not available with overdraft",
 ];
 
 /// The fixture an expected line is about.

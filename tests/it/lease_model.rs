@@ -189,6 +189,7 @@ fn run(limit: Limit, n: usize, period: Duration, waves: &[Wave]) -> Vec<(Micros,
 
 fn limit(requests: u64, window: Micros, algorithm: Algorithm, burst: u64) -> Limit {
     Limit {
+        overdraft: false,
         requests,
         window,
         algorithm,

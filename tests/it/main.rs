@@ -40,4 +40,5 @@ mod server;
 mod statsd;
 mod store_contract;
 mod tracing;
+mod usage_budgets;
 mod xds;

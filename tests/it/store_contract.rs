@@ -269,6 +269,7 @@ async fn more_hits_than_the_limit_never_pass(store: &dyn Store) {
 async fn windows_end_on_unit_boundaries(store: &dyn Store, clock: &ManualClock) {
     let ns = namespace("window");
     let second = Limit {
+        overdraft: false,
         requests: 1,
         window: SECOND,
         algorithm: Algorithm::FixedWindow,

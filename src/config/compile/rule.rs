@@ -116,9 +116,9 @@ impl Cx<'_> {
         }
     }
 
-    /// A descriptor's own `consistency: leased` with a concurrency limit is an error: its
-    /// releases must reach the shared count. (Inherited from above, it leaves such a rule
-    /// exact.)
+    /// A descriptor's own `consistency: leased` with a concurrency limit or a usage budget is
+    /// an error: their releases and reports must reach the shared count. (Inherited from
+    /// above, it leaves such a rule exact.)
     fn check_leased(&mut self, descriptor: &RawDescriptor, path: &str, limits: &[RateLimit]) {
         let own_leased = descriptor
             .consistency
@@ -128,6 +128,12 @@ impl Cx<'_> {
             self.error(
                 &format!("{path}.consistency"),
                 "consistency: leased is not available with algorithm concurrency (its releases must reach the shared count); use exact",
+            );
+        }
+        if own_leased && limits.iter().any(|l| l.overdraft) {
+            self.error(
+                &format!("{path}.consistency"),
+                "consistency: leased is not available with overdraft (every usage report must reach the shared count); use exact",
             );
         }
     }
@@ -153,6 +159,12 @@ impl Cx<'_> {
             self.error(
                 &format!("{path}.burst"),
                 "should not specify burst when unlimited",
+            );
+        }
+        if raw.overdraft {
+            self.error(
+                &format!("{path}.overdraft"),
+                "should not specify overdraft when unlimited",
             );
         }
     }
@@ -253,11 +265,18 @@ impl Cx<'_> {
                 self.error(&format!("{path}.burst"), "burst must be at least 1");
             }
         }
+        if raw.overdraft && algorithm == Some(Algorithm::Concurrency) {
+            self.error(
+                &format!("{path}.overdraft"),
+                "overdraft is not valid with algorithm: concurrency (requests in flight are not a usage budget)",
+            );
+        }
         Some(RateLimit {
             requests_per_unit: raw.requests_per_unit?,
             unit: unit?,
             algorithm: algorithm?,
             burst: raw.burst,
+            overdraft: raw.overdraft,
             name: name.map(str::to_owned),
         })
     }

@@ -4,6 +4,7 @@ use crate::clock::ManualClock;
 use crate::store::{Admission, CounterKey, CounterOp, FailureMode, Role};
 
 const PER_MINUTE_2: Limit = Limit {
+    overdraft: false,
     requests: 2,
     window: 60 * SECOND,
     algorithm: Algorithm::FixedWindow,
@@ -169,6 +170,7 @@ fn packed_slots_keep_every_algorithms_state() {
 fn counts_beyond_32_bits_saturate_and_stay_over_any_limit() {
     let (store, _) = store(100);
     let in_flight = Limit {
+        overdraft: false,
         requests: u32::MAX.into(),
         window: 60 * SECOND,
         algorithm: Algorithm::Concurrency,
@@ -193,6 +195,7 @@ fn counts_beyond_32_bits_saturate_and_stay_over_any_limit() {
 fn a_lost_release_frees_its_slot_after_the_safety_ttl() {
     let (store, clock) = store(100);
     let in_flight = Limit {
+        overdraft: false,
         requests: 1,
         window: 60 * SECOND,
         algorithm: Algorithm::Concurrency,
@@ -216,6 +219,7 @@ fn a_lost_release_frees_its_slot_after_the_safety_ttl() {
 }
 
 const PER_HOUR_10: Limit = Limit {
+    overdraft: false,
     requests: 10,
     window: 3600 * SECOND,
     algorithm: Algorithm::FixedWindow,

@@ -105,6 +105,9 @@ mod args {
     /// A fixed window in the reference's layout (`REDIS_KEY_FORMAT=reference`): a plain
     /// integer, with its expiry (s) in the burst slot. Counter script only.
     pub const REFERENCE_WINDOW: i64 = 5;
+    /// Added to a usage budget's algorithm code (`Limit::overdraft`): its charges are
+    /// recorded even when refused. Counter script only (budgets are never leased).
+    pub const OVERDRAFT: i64 = 16;
     pub const ROLE_ENFORCE: i64 = 0;
     pub const ROLE_SHADOW: i64 = 1;
     pub const ROLE_QUOTA: i64 = 2;
@@ -193,7 +196,12 @@ impl RedisStore {
                 let (algorithm, burst) = self.shared.script_algorithm(op);
                 let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
                 let mut counter = [0; args::PER_COUNTER];
-                counter[args::ALGORITHM] = algorithm;
+                counter[args::ALGORITHM] = algorithm
+                    + if op.limit.overdraft {
+                        args::OVERDRAFT
+                    } else {
+                        0
+                    };
                 counter[args::LIMIT] = clamp(op.limit.requests);
                 counter[args::WINDOW] = clamp(op.limit.window);
                 counter[args::BURST] = burst;

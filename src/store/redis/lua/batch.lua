@@ -15,10 +15,12 @@
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
 -- ARGV[..] per request: its admission ("0" the usual rule, "1" whatever the decisions for
 --          the global shadow mode, "2" never, to read the statuses of a request already
---          rejected; mirrors store::Admission); its number of counters; then seven values per counter: algorithm
---          (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 concurrency, 5 reference
---          layout fixed window), limit, window (µs), burst (5: expiry in s), hits (negative: refund), role (0 enforce, 1 shadow,
---          2 quota), guard (window start a refund must still be in, or -1)
+--          rejected; mirrors store::Admission); its number of counters; then seven values per
+--          counter: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket, 4
+--          concurrency, 5 reference layout fixed window; plus 16 for a usage budget, whose
+--          charges are recorded even when refused), limit, window (µs), burst (5: expiry in
+--          s), hits (negative: refund), role (0 enforce, 1 shadow, 2 quota), guard (window
+--          start a refund must still be in, or -1)
 -- Returns  {now, then per request: a header (1 if admitted, else 0, plus twice the number
 --          of values that follow for this request), then per counter: remaining and
 --          reset_after when allowed, or -1 - remaining, reset_after and retry_after (-1:
@@ -29,7 +31,7 @@
 local HEADER, PER_COUNTER = 2, 7
 local ALGORITHM, LIMIT, WINDOW, BURST, HITS, ROLE, GUARD = 0, 1, 2, 3, 4, 5, 6
 local ADMIT_ALWAYS, ADMIT_NEVER = '1', '2'
-local CONCURRENCY = 4
+local CONCURRENCY, OVERDRAFT = 4, 16
 local ROLE_ENFORCE, ROLE_QUOTA = '0', '2'
 
 -- Every distinct key read once (under load, many requests of a call share hot keys).
@@ -57,7 +59,8 @@ local pending_state, pending_expiry, pending_algorithm = {}, {}, {}
 -- Decides the counter at KEYS[k] (seven values from ARGV[a]). Returns the algorithm's answer.
 local function run(k, a)
   local key = KEYS[k]
-  local algorithm = tonumber(ARGV[a + ALGORITHM])
+  local code = tonumber(ARGV[a + ALGORITHM])
+  local algorithm, overdraft = code % OVERDRAFT, code >= OVERDRAFT
   local st = pending_state[key]
   if st == nil then
     st = current[key]
@@ -70,9 +73,10 @@ local function run(k, a)
   local hits = safe(tonumber(ARGV[a + HITS]))
   local allowed, remaining, reset, retry, next_state, expires = steps[algorithm](
     st, tonumber(ARGV[a + LIMIT]), tonumber(ARGV[a + WINDOW]), tonumber(ARGV[a + BURST]), now,
-    hits, tonumber(ARGV[a + GUARD]))
-  -- Mirrors algorithm::applies_unconditionally: refunds, and concurrency acquisitions.
-  local unconditional = hits < 0 or (hits > 0 and algorithm == CONCURRENCY)
+    hits, tonumber(ARGV[a + GUARD]), overdraft)
+  -- Mirrors algorithm::applies_unconditionally: refunds, concurrency acquisitions and usage
+  -- budgets' charges.
+  local unconditional = hits < 0 or (hits > 0 and (algorithm == CONCURRENCY or overdraft))
   if ((allowed and hits ~= 0) or unconditional) and next_state then
     pending_state[key] = next_state
     pending_algorithm[key] = algorithm
@@ -110,12 +114,13 @@ while at <= #ARGV do
   local admitted = always or not (never or enforce_over or (quota_seen and quota_all_over))
   if not admitted then
     -- Nothing is charged, but refunds still return what earlier requests took (and
-    -- concurrency acquisitions count: their releases will come).
+    -- concurrency acquisitions and usage budgets' charges count).
     pending_state, pending_expiry, pending_algorithm = {}, {}, {}
     for i = 1, n do
       local k, a = first_key + i, at + HEADER + (i - 1) * PER_COUNTER
       local hits = tonumber(ARGV[a + HITS])
-      if hits < 0 or (hits > 0 and tonumber(ARGV[a + ALGORITHM]) == CONCURRENCY) then
+      local code = tonumber(ARGV[a + ALGORITHM])
+      if hits < 0 or (hits > 0 and (code % OVERDRAFT == CONCURRENCY or code >= OVERDRAFT)) then
         run(k, a)
       end
     end

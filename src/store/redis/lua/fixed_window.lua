@@ -4,6 +4,7 @@
 -- keys with millisecond precision and lazily: a key may outlive its window by a moment.)
 -- Decoded once per call into {start, count}; the step returns allowed, remaining,
 -- reset_after, retry_after (-1: none), the next state (nil: unchanged) and its expiry (ms).
+-- A usage budget (`overdraft`) needs room for at least one hit and records a refused charge.
 local function fixed_window_decode(raw)
   local s, c = match(raw, '^(%d+) (%d+)$')
   if s then return { safe(tonumber(s)), safe(tonumber(c)) } end
@@ -13,7 +14,7 @@ local function fixed_window_encode(st)
   return format('%d %d', max(safe(st[1]), 0), max(safe(st[2]), 0))
 end
 
-local function fixed_window(st, limit, window, burst, now, hits, guard)
+local function fixed_window(st, limit, window, burst, now, hits, guard, overdraft)
   local start = now - (now % window)
   local ws, count = start, 0
   -- A later stored window means the clock stepped back: keep counting in it.
@@ -27,12 +28,18 @@ local function fixed_window(st, limit, window, burst, now, hits, guard)
     local after = max(count + hits, 0)
     return true, max(limit - after, 0), reset, -1, { ws, after }, expiry
   end
-  if limit > 0 and count + hits <= limit then
+  local room = hits
+  if overdraft and room < 1 then room = 1 end
+  if limit > 0 and count + room <= limit then
     local after = count + hits
     return true, limit - after, reset, -1, { ws, after }, expiry
   end
   local retry = -1
   if limit > 0 and hits <= limit then retry = reset end
+  if overdraft and hits > 0 then
+    local after = count + hits
+    return false, max(limit - after, 0), reset, retry, { ws, after }, expiry
+  end
   return false, max(limit - count, 0), reset, retry, nil, expiry
 end
 
@@ -50,9 +57,9 @@ local function reference_window_encode(st)
   return format('%d', max(safe(st[2]), 0))
 end
 
-local function reference_window(st, limit, window, ttl, now, hits, guard)
+local function reference_window(st, limit, window, ttl, now, hits, guard, overdraft)
   local start = now - (now % window)
   local allowed, remaining, reset, retry, next_state = fixed_window(
-    st and { start, st[2] } or false, limit, window, 0, now, hits, guard)
+    st and { start, st[2] } or false, limit, window, 0, now, hits, guard, overdraft)
   return allowed, remaining, reset, retry, next_state, now / 1000 + ttl * 1000
 end

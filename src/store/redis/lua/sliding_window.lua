@@ -28,7 +28,7 @@ local function sliding_window_reset(window, ws, now, previous, c)
   return max(until_t - now, 0)
 end
 
-local function sliding_window(st, limit, window, burst, now, hits, guard)
+local function sliding_window(st, limit, window, burst, now, hits, guard, overdraft)
   if st and st[1] > now then now = st[1] end
   local ws = now - (now % window)
   local previous, current = 0, 0
@@ -48,22 +48,30 @@ local function sliding_window(st, limit, window, burst, now, hits, guard)
     return true, sliding_window_remaining(limit, window, elapsed, previous, after),
       sliding_window_reset(window, ws, now, previous, after), -1, { now, previous, after }, expiry
   end
-  if limit > 0 and previous * (window - elapsed) / window + current + hits <= limit then
+  local room = hits
+  if overdraft and room < 1 then room = 1 end
+  if limit > 0 and previous * (window - elapsed) / window + current + room <= limit then
     local after = current + hits
     return true, sliding_window_remaining(limit, window, elapsed, previous, after),
       sliding_window_reset(window, ws, now, previous, after), -1, { now, previous, after }, expiry
+  end
+  -- A usage budget records the refused charge: the overdraft slides out with its windows.
+  local recorded = nil
+  if overdraft and hits > 0 then
+    current = current + hits
+    recorded = { now, previous, current }
   end
   local retry = -1
   if limit > 0 and hits <= limit then
     local finish = ws + window
     local t = nil
-    if previous > 0 and current + hits <= limit then
-      local within = ceil(finish - (limit - hits - current) * window / previous)
+    if previous > 0 and current + room <= limit then
+      local within = ceil(finish - (limit - room - current) * window / previous)
       if within < finish then t = within end
     end
     if t == nil then
       if current > 0 then
-        t = max(ceil((finish + window) - (limit - hits) * window / current), finish)
+        t = max(ceil((finish + window) - (limit - room) * window / current), finish)
       else
         t = finish
       end
@@ -71,5 +79,5 @@ local function sliding_window(st, limit, window, burst, now, hits, guard)
     retry = max(t - now, 0)
   end
   return false, sliding_window_remaining(limit, window, elapsed, previous, current),
-    sliding_window_reset(window, ws, now, previous, current), retry, nil, expiry
+    sliding_window_reset(window, ws, now, previous, current), retry, recorded, expiry
 end

@@ -27,7 +27,7 @@ local function micros(d)
   return ceil(d)
 end
 
-local function token_bucket(st, limit, window, burst, now, hits, guard)
+local function token_bucket(st, limit, window, burst, now, hits, guard, overdraft)
   local tat = now
   if st then
     now = max(now, st[2])
@@ -44,11 +44,16 @@ local function token_bucket(st, limit, window, burst, now, hits, guard)
     t = max(tat - (-hits) * interval, now)
   else
     t = tat + hits * interval
-    if t - capacity > now then
+    local room = hits
+    if overdraft and room < 1 then room = 1 end
+    if tat + room * interval - capacity > now then
+      -- A usage budget records the refused charge: the bucket goes into debt.
+      local current, recorded = tat, nil
+      if overdraft and hits > 0 then current, recorded = t, { t, now } end
       local retry = -1
-      if hits <= burst then retry = micros(t - capacity - now) end
-      return false, token_bucket_remaining(capacity, interval, tat, now), micros(tat - now), retry,
-        nil, 0
+      if hits <= burst then retry = micros(current + room * interval - capacity - now) end
+      return false, token_bucket_remaining(capacity, interval, current, now), micros(current - now),
+        retry, recorded, ceil(current / 1000)
     end
   end
   return true, token_bucket_remaining(capacity, interval, t, now), micros(t - now), -1,
