@@ -258,7 +258,7 @@ fn explanation_to_proto(e: &Explanation) -> proto::DescriptorExplanation {
 fn limit_to_proto(l: &ExplainedLimit) -> proto::Limit {
     proto::Limit {
         requests_per_unit: l.limit.requests_per_unit,
-        unit: l.limit.unit.proto_name().to_owned(),
+        unit: l.limit.window_name(),
         algorithm: l.limit.algorithm.as_str().to_owned(),
         burst: l.limit.burst.unwrap_or(0),
         name: l.limit.name.clone().unwrap_or_default(),

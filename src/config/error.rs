@@ -48,16 +48,20 @@ impl ConfigError {
                 message = stripped.to_owned();
             }
         }
-        // serde_yaml prefixes type errors with the tree path: `descriptors[0].unit: invalid ...`.
+        // serde_yaml prefixes type errors with the tree path: `descriptors[0].unit: invalid ...`;
+        // a check made while parsing (`raw::Checked`) adds the rest of the path the same way.
         let mut path = String::new();
-        if let Some((head, rest)) = message.split_once(": ")
+        while let Some((head, rest)) = message.split_once(": ")
             && !head.contains(' ')
             && (head.contains('.')
                 || head.contains('[')
                 || head.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
             && !rest.is_empty()
         {
-            path = head.to_owned();
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(head);
             message = rest.to_owned();
         }
         // Name the config's own notions, not our Rust types.

@@ -97,6 +97,7 @@ fn rate_limit(policy: &RateLimitPolicy) -> RawRateLimit {
         algorithm: None,
         burst: None,
         overdraft: false,
+        unit_multiplier: None,
     }
 }
 

@@ -36,10 +36,10 @@ pub struct RawDescriptor {
     #[serde(default)]
     pub value: Option<String>,
     /// The limit for descriptors ending at this node.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "checked")]
     pub rate_limit: Option<RawRateLimit>,
     /// Several limits that must all pass (Sluice extension; excludes `rate_limit`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "checked")]
     pub rate_limits: Option<Vec<RawRateLimit>>,
     /// Next level.
     #[serde(default)]
@@ -102,6 +102,72 @@ pub struct RawRateLimit {
     /// A usage budget: every charge counts, also past the limit (Sluice extension).
     #[serde(default)]
     pub overdraft: bool,
+    /// The window is this many units (Sluice extension; default 1).
+    #[serde(default)]
+    pub unit_multiplier: Option<u32>,
+}
+
+/// The longest window a limit may have: 100 years (365-day years), so that every store's
+/// arithmetic on window starts and ends stays exact (Redis's script computes in doubles).
+pub const MAX_WINDOW_SECONDS: u64 = 100 * 365 * 86_400;
+
+/// What is checked while the file is parsed, so that the error carries the parser's line:
+/// each limit's window length (`unit_multiplier` times the unit).
+trait Checked {
+    fn check(&self) -> Result<(), String>;
+}
+
+impl Checked for RawRateLimit {
+    fn check(&self) -> Result<(), String> {
+        let Some(n) = self.unit_multiplier else {
+            return Ok(());
+        };
+        if n == 0 {
+            return Err("unit_multiplier: must be at least 1".into());
+        }
+        let unit = self
+            .unit
+            .as_deref()
+            .and_then(|u| u.parse::<crate::policy::Unit>().ok());
+        match unit {
+            Some(unit) if unit.seconds().saturating_mul(u64::from(n)) > MAX_WINDOW_SECONDS => {
+                Err(format!(
+                    "unit_multiplier: a window of {n} x {} is longer than 100 years",
+                    unit.proto_name()
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Checked for Option<RawRateLimit> {
+    fn check(&self) -> Result<(), String> {
+        match self {
+            Some(limit) => limit.check().map_err(|e| format!("rate_limit.{e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Checked for Option<Vec<RawRateLimit>> {
+    fn check(&self) -> Result<(), String> {
+        for (i, limit) in self.iter().flatten().enumerate() {
+            limit.check().map_err(|e| format!("rate_limits[{i}].{e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Deserializes a `rate_limit` or `rate_limits` and checks it (see [`Checked`]).
+fn checked<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Checked,
+{
+    let value = T::deserialize(deserializer)?;
+    value.check().map_err(serde::de::Error::custom)?;
+    Ok(value)
 }
 
 /// One `replaces:` entry.
@@ -145,6 +211,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "algorithm",
     "burst",
     "overdraft",
+    "unit_multiplier",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 

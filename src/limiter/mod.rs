@@ -429,6 +429,7 @@ impl Limiter {
             && algorithm_limit.algorithm == Algorithm::FixedWindow
             && consistency == Consistency::Exact
             && limits == 1
+            && limit.unit_multiplier == 1
             && !prioritized;
         CounterOp {
             key: if reference {

@@ -88,7 +88,10 @@ pub(super) fn status(
         } else {
             Code::Ok
         },
-        limit: Some(ReportedLimit {
+        // Envoy's `RateLimit` has no multiplier: a unit would state a window the limit does
+        // not have, and Envoy's x-ratelimit-* headers would lie. A window of N units reports
+        // none (Sluice's own RateLimit-Policy and Retry-After carry its exact length).
+        limit: (limit.unit_multiplier == 1).then(|| ReportedLimit {
             requests_per_unit: limit.requests_per_unit,
             unit: limit.unit,
             name: limit.name.clone(),

@@ -401,3 +401,19 @@ async fn unlimited_rules_bring_no_metadata() {
     assert_eq!(r.statuses[0].remaining, UNLIMITED_REMAINING);
     assert_eq!(r.metadata, None);
 }
+
+/// A window of N units: the headers' policy has its exact length, and the status reports no
+/// unit (Envoy's `RateLimit` cannot say "per 30 s").
+#[tokio::test]
+async fn a_window_of_thirty_seconds_is_described_exactly() {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 5}\n";
+    let limiter = Limiter::for_tests(
+        yaml,
+        LimiterOptions::default(),
+        Arc::new(crate::clock::SystemClock),
+    );
+    let response = check(&limiter, vec![descriptor(&[("k", "v")], 1)]).await;
+    assert_eq!(response.statuses[0].limit, None);
+    assert_eq!(response.statuses[0].remaining, 4);
+    assert_eq!(response.limits[0].window, Some(30 * SECOND));
+}

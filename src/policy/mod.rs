@@ -170,6 +170,8 @@ pub struct RateLimit {
     pub burst: Option<u32>,
     /// A usage budget (see [`algorithm::Limit::overdraft`]).
     pub overdraft: bool,
+    /// The window is this many units (at least 1).
+    pub unit_multiplier: u32,
     /// Reported in `current_limit.name`.
     pub name: Option<String>,
 }
@@ -183,7 +185,21 @@ impl RateLimit {
             algorithm: Algorithm::FixedWindow,
             burst: None,
             overdraft: false,
+            unit_multiplier: 1,
             name: None,
+        }
+    }
+
+    /// The window's length: `unit_multiplier` units (concurrency: the counter's TTL).
+    pub fn window(&self) -> algorithm::Micros {
+        self.unit.window() * u64::from(self.unit_multiplier)
+    }
+
+    /// The window as a config names it: `MINUTE`, or `MINUTE x 5`.
+    pub fn window_name(&self) -> String {
+        match self.unit_multiplier {
+            1 => self.unit.proto_name().to_owned(),
+            n => format!("{} x {n}", self.unit.proto_name()),
         }
     }
 
@@ -192,7 +208,7 @@ impl RateLimit {
         let requests = u64::from(self.requests_per_unit);
         algorithm::Limit {
             requests,
-            window: self.unit.window(),
+            window: self.window(),
             algorithm: self.algorithm,
             burst: self.burst.map_or(requests, u64::from),
             overdraft: self.overdraft,
@@ -262,6 +278,12 @@ impl Policy {
                 );
                 if let Some(burst) = limit.burst {
                     let _ = write!(out, ", burst: {burst}");
+                }
+                if limit.unit_multiplier != 1 {
+                    let _ = write!(out, ", unit_multiplier: {}", limit.unit_multiplier);
+                }
+                if limit.overdraft {
+                    let _ = write!(out, ", overdraft: true");
                 }
                 if let Some(name) = &limit.name {
                     let _ = write!(out, ", name: {name}");

@@ -1,5 +1,6 @@
 //! The algorithms black-box, over gRPC, on the memory store and on Redis: token buckets,
-//! several limits on one descriptor, and concurrency released by `is_negative_hits`. Time is
+//! several limits on one descriptor, concurrency released by `is_negative_hits`, and windows
+//! of N units (`unit_multiplier`). Time is
 //! a manual clock that every store reads (Redis's script too), moved instead of slept.
 
 use std::time::Duration;
@@ -26,6 +27,12 @@ descriptors:
       - {unit: day, requests_per_unit: 3, name: per_day}
   - key: inflight
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency}
+  - key: half_minute
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 3}
+  - key: two_minutes
+    rate_limit: {unit: minute, unit_multiplier: 2, requests_per_unit: 4, algorithm: token_bucket}
+  - key: five_minutes
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 10, algorithm: sliding_window}
 "#;
 
 /// One microsecond-exact second.
@@ -164,6 +171,72 @@ async fn concurrency_is_released_by_negative_hits(setup: &Setup) {
     assert!(algo.hit("inflight=a").await.is_ok());
 }
 
+/// Whole seconds of a status's `duration_until_reset`, rounded up.
+fn reset_seconds(answer: &crate::common::Decision) -> i64 {
+    let reset = answer.statuses[0].duration_until_reset.unwrap();
+    reset.seconds + i64::from(reset.nanos > 0)
+}
+
+async fn windows_of_thirty_seconds_are_aligned_to_the_epoch(setup: &Setup) {
+    let algo = setup.algo();
+    // Ten seconds into a window: epoch-aligned windows of 30 s start at :00 and :30.
+    let window = 30 * SECOND;
+    setup
+        .clock
+        .set(setup.clock.now() / window * window + window + 10 * SECOND);
+    for left in [2, 1, 0] {
+        let answer = algo.hit("half_minute=a").await;
+        assert_eq!((answer.code(), answer.remaining()), (Code::Ok, vec![left]));
+        // Envoy's RateLimit cannot say "per 30 s": no unit at all rather than a wrong one.
+        assert!(answer.statuses[0].current_limit.is_none());
+    }
+    let refused = algo.hit("half_minute=a").await;
+    assert!(refused.is_over_limit());
+    assert_eq!(reset_seconds(&refused), 20, "the window's end, 20 s away");
+    assert!(
+        refused
+            .response_headers_to_add
+            .iter()
+            .any(|h| h.key == "retry-after" && h.value == "20")
+    );
+    setup.clock.advance(20 * SECOND - 1);
+    assert!(algo.hit("half_minute=a").await.is_over_limit());
+    setup.clock.advance(1);
+    assert!(algo.hit("half_minute=a").await.is_ok(), "a new window");
+}
+
+async fn a_token_bucket_of_four_per_two_minutes_refills_one_every_thirty_seconds(setup: &Setup) {
+    let algo = setup.algo();
+    for _ in 0..4 {
+        assert!(algo.hit("two_minutes=a").await.is_ok());
+    }
+    let refused = algo.hit("two_minutes=a").await;
+    assert!(refused.is_over_limit());
+    assert_eq!(reset_seconds(&refused), 30);
+    setup.clock.advance(30 * SECOND);
+    assert!(algo.hit("two_minutes=a").await.is_ok());
+    assert!(algo.hit("two_minutes=a").await.is_over_limit());
+}
+
+async fn a_sliding_window_of_five_minutes_weighs_the_last_five(setup: &Setup) {
+    let algo = setup.algo();
+    let window = 300 * SECOND;
+    setup
+        .clock
+        .set(setup.clock.now() / window * window + window);
+    for _ in 0..10 {
+        assert!(algo.hit("five_minutes=a").await.is_ok());
+    }
+    assert!(algo.hit("five_minutes=a").await.is_over_limit());
+    // Four minutes on, still within the window: nothing came back.
+    setup.clock.advance(240 * SECOND);
+    assert!(algo.hit("five_minutes=a").await.is_over_limit());
+    // Halfway into the next window half the previous count weighs: 5 of 10 left.
+    setup.clock.advance(60 * SECOND + 150 * SECOND);
+    let answer = algo.hit("five_minutes=a").await;
+    assert_eq!((answer.code(), answer.remaining()), (Code::Ok, vec![4]));
+}
+
 macro_rules! on_every_store {
     ($($case:ident),* $(,)?) => {
         mod memory_store {
@@ -190,4 +263,7 @@ on_every_store!(
     token_bucket_of_two_says_when_to_come_back,
     the_stricter_limit_decides,
     concurrency_is_released_by_negative_hits,
+    windows_of_thirty_seconds_are_aligned_to_the_epoch,
+    a_token_bucket_of_four_per_two_minutes_refills_one_every_thirty_seconds,
+    a_sliding_window_of_five_minutes_weighs_the_last_five,
 );

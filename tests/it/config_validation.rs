@@ -118,6 +118,10 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "overdraft_with_concurrency.yaml: descriptors[0].rate_limit.overdraft: overdraft is not valid with algorithm: concurrency",
     "unlimited_with_overdraft.yaml: descriptors[0].rate_limit.overdraft: should not specify overdraft when unlimited",
     "leased_overdraft.yaml: descriptors[0].consistency: consistency: leased is not available with overdraft",
+    "zero_unit_multiplier.yaml:5:5: descriptors[1].rate_limit.unit_multiplier: must be at least 1",
+    "negative_unit_multiplier.yaml:4:49: descriptors[0].rate_limit.unit_multiplier: invalid type: integer `-5`",
+    "overflowing_unit_multiplier.yaml:3:5: descriptors[0].rate_limits[1].unit_multiplier: a window of 101 x YEAR is longer than 100 years",
+    "unlimited_with_unit_multiplier.yaml: descriptors[0].rate_limit.unit_multiplier: should not specify unit_multiplier when unlimited",
 ];
 
 /// The fixture an expected line is about.

@@ -27,15 +27,14 @@ impl Cx<'_> {
                 self.check_unlimited(raw, path, several);
                 unlimited = true;
             } else if let Some(limit) = self.limit(raw, path, name) {
-                if limits
-                    .iter()
-                    .any(|l: &RateLimit| l.unit == limit.unit && l.algorithm == limit.algorithm)
-                {
+                if limits.iter().any(|l: &RateLimit| {
+                    l.window() == limit.window() && l.algorithm == limit.algorithm
+                }) {
                     self.error(
                         path,
                         format!(
                             "two rate_limits with unit {} and algorithm {}: the stricter one always decides; keep one",
-                            limit.unit.proto_name(),
+                            limit.window_name(),
                             limit.algorithm.as_str()
                         ),
                     );
@@ -167,6 +166,12 @@ impl Cx<'_> {
                 "should not specify overdraft when unlimited",
             );
         }
+        if raw.unit_multiplier.is_some() {
+            self.error(
+                &format!("{path}.unit_multiplier"),
+                "should not specify unit_multiplier when unlimited",
+            );
+        }
     }
 
     /// Adds the names in a limit's `replaces:` (named `name`) to `into`.
@@ -277,6 +282,7 @@ impl Cx<'_> {
             algorithm: algorithm?,
             burst: raw.burst,
             overdraft: raw.overdraft,
+            unit_multiplier: raw.unit_multiplier.unwrap_or(1).max(1),
             name: name.map(str::to_owned),
         })
     }
