@@ -13,6 +13,7 @@ mod cli;
 mod config_validation;
 mod connections;
 mod envoy;
+mod envoy_budgets;
 mod envoy_deploy;
 mod envoy_tracing;
 mod fuzz_service;

@@ -85,6 +85,7 @@ pub struct Bootstrap {
     routes: String,
     filter: String,
     body: &'static str,
+    upstream_route: String,
     clusters: Vec<(String, u16, bool)>,
 }
 
@@ -104,6 +105,7 @@ impl Bootstrap {
             routes: String::new(),
             filter: String::new(),
             body: "hello",
+            upstream_route: String::new(),
             clusters: Vec::new(),
         }
     }
@@ -145,6 +147,13 @@ impl Bootstrap {
         self
     }
 
+    /// Fields of the upstream's route beside its `direct_response` (e.g.
+    /// `response_headers_to_add`), indented as it.
+    pub fn upstream_route(mut self, yaml: &str) -> Self {
+        self.upstream_route = yaml.to_owned();
+        self
+    }
+
     /// A static cluster `name` at `127.0.0.1:port` (over HTTP/2 with `h2`).
     pub fn cluster(mut self, name: &str, port: u16, h2: bool) -> Self {
         self.clusters.push((name.to_owned(), port, h2));
@@ -170,6 +179,7 @@ impl std::fmt::Display for Bootstrap {
             routes,
             filter,
             body,
+            upstream_route,
             ..
         } = self;
         let http_connection_manager = "envoy.filters.network.http_connection_manager
@@ -230,6 +240,7 @@ static_resources:
               routes:
               - match: {{prefix: "/"}}
                 direct_response: {{status: 200, body: {{inline_string: "{body}"}}}}
+{upstream_route}
           http_filters:
           - name: {router}
   clusters:
