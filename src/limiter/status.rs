@@ -88,17 +88,22 @@ pub(super) fn status(
         } else {
             Code::Ok
         },
-        // Envoy's `RateLimit` has no multiplier: a unit would state a window the limit does
-        // not have, and Envoy's x-ratelimit-* headers would lie. A window of N units reports
-        // none (Sluice's own RateLimit-Policy and Retry-After carry its exact length).
-        limit: (limit.unit_multiplier == 1).then(|| ReportedLimit {
-            requests_per_unit: limit.requests_per_unit,
-            unit: limit.unit,
-            name: limit.name.clone(),
-        }),
+        limit: reported(limit),
         remaining: clamp_u32(remaining(limit, decision)),
         reset_after: Some(wait(decision)),
     }
+}
+
+/// `limit` as the status's `current_limit` says it. Envoy's `RateLimit` has no multiplier: a
+/// unit would state a window the limit does not have, and Envoy's x-ratelimit-* headers would
+/// lie, so a window of N units reports none (Sluice's own RateLimit-Policy and Retry-After
+/// carry its exact length).
+fn reported(limit: &RateLimit) -> Option<ReportedLimit> {
+    (limit.unit_multiplier == 1).then(|| ReportedLimit {
+        requests_per_unit: limit.requests_per_unit,
+        unit: limit.unit,
+        name: limit.name.clone(),
+    })
 }
 
 /// The `metadata` of every counted rule whose descriptor is not over the limit, merged in

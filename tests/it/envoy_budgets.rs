@@ -6,7 +6,6 @@
 //! the budget settles to the actual, whichever was larger.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::google::protobuf::UInt64Value;
 
 use crate::common::envoy::{self, Bootstrap, Envoy};
 use crate::common::redis::RedisServer;
@@ -67,11 +66,11 @@ async fn edge(sluice: &TestServer) -> (Envoy, u16) {
 
 /// What the tenant has used, asked of Sluice without charging.
 async fn used(sluice: &TestServer, tenant: &str) -> u32 {
-    let edge = sluice.domain("edge");
-    let mut request = edge.request(&format!("tenant={tenant}"));
-    request.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
-    let answer = edge.send(request).await.unwrap();
-    100 - answer.statuses[0].limit_remaining
+    let check = sluice
+        .domain("edge")
+        .charges(&[(&format!("tenant={tenant}"), 0)])
+        .await;
+    100 - check.statuses[0].limit_remaining
 }
 
 /// Waits until Envoy's stream-done report has reached Sluice (it is sent after the response).
@@ -98,21 +97,15 @@ async fn the_stream_that_crosses_the_budget_completes_and_the_next_is_refused(sl
     );
     // 120 of 100, counted in full: a refund of 20 would still leave the budget spent.
     eventually("the crossing report is counted", || async {
-        let edge = sluice.domain("edge");
-        let mut check = edge.request("tenant=acme");
-        check.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
-        edge.send(check).await.unwrap().overall_code() == Code::OverLimit
+        let check = sluice.domain("edge").charges(&[("tenant=acme", 0)]).await;
+        check.code() == Code::OverLimit
     })
     .await;
     let (status, head, _) = call("1").await;
     assert_eq!(status, 429, "{head}");
     // A refused request's stream reports no usage here (the upstream never answered it):
     // the tenant stays at its 120.
-    let edge = sluice.domain("edge");
-    let mut refund = edge.request("tenant=acme");
-    refund.descriptors[0].hits_addend = Some(UInt64Value { value: 20 });
-    refund.descriptors[0].is_negative_hits = true;
-    let after = edge.send(refund).await.unwrap();
+    let after = sluice.domain("edge").charges(&[("tenant=acme", -20)]).await;
     assert_eq!(
         after.statuses[0].limit_remaining, 0,
         "120 - 20 = 100: still spent"

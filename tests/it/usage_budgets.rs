@@ -5,10 +5,9 @@
 //! when refused.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::google::protobuf::UInt64Value;
 
 use crate::common::redis::RedisServer;
-use crate::common::{Decision, DomainClient, TestServer, config_dir};
+use crate::common::{TestServer, config_dir};
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
 
@@ -32,54 +31,39 @@ async fn server(redis: Option<&RedisServer>) -> TestServer {
     TestServer::start_with(settings).await
 }
 
-/// One request: each `(spec, hits)` a descriptor charged `hits` (negative: a refund), as
-/// Envoy sends a `hits_addend` per descriptor (0 arrives as a present 0: a check).
-async fn send(ai: &DomainClient, descriptors: &[(&str, i64)]) -> Decision {
-    let mut request = ai.request("");
-    for (spec, hits) in descriptors {
-        let mut d = crate::common::descriptors(spec).remove(0);
-        d.hits_addend = Some(UInt64Value {
-            value: hits.unsigned_abs(),
-        });
-        d.is_negative_hits = *hits < 0;
-        request.descriptors.push(d);
-    }
-    Decision(ai.send(request).await.unwrap())
-}
-
 async fn a_charge_that_crosses_the_budget_counts(server: &TestServer) {
     let ai = server.domain("ai");
-    let first = send(&ai, &[("tenant=a", 80)]).await;
+    let first = ai.charges(&[("tenant=a", 80)]).await;
     assert_eq!((first.code(), first.remaining()), (Code::Ok, vec![20]));
     // The report that crosses the budget: refused, and counted in full.
-    let crossing = send(&ai, &[("tenant=a", 50)]).await;
+    let crossing = ai.charges(&[("tenant=a", 50)]).await;
     assert_eq!(
         (crossing.code(), crossing.remaining()),
         (Code::OverLimit, vec![0])
     );
-    let check = send(&ai, &[("tenant=a", 0)]).await;
+    let check = ai.charges(&[("tenant=a", 0)]).await;
     assert_eq!(check.code(), Code::OverLimit, "130 of 100 used");
     // A second report while spent counts too: 140 used.
-    assert!(send(&ai, &[("tenant=a", 10)]).await.is_over_limit());
+    assert!(ai.charges(&[("tenant=a", 10)]).await.is_over_limit());
     // Giving back 45 leaves 95 of 100: exactly what was charged, less the refund.
-    let refund = send(&ai, &[("tenant=a", -45)]).await;
+    let refund = ai.charges(&[("tenant=a", -45)]).await;
     assert_eq!((refund.code(), refund.remaining()), (Code::Ok, vec![5]));
-    let check = send(&ai, &[("tenant=a", 0)]).await;
+    let check = ai.charges(&[("tenant=a", 0)]).await;
     assert_eq!((check.code(), check.remaining()), (Code::Ok, vec![5]));
     // Another tenant has its own budget.
-    assert_eq!(send(&ai, &[("tenant=b", 0)]).await.remaining(), vec![100]);
+    assert_eq!(ai.charges(&[("tenant=b", 0)]).await.remaining(), vec![100]);
 }
 
 async fn a_budget_charge_counts_when_another_descriptor_refuses_the_request(server: &TestServer) {
     let ai = server.domain("ai");
     for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
-        let answer = send(&ai, &[("route=chat", 1), ("tenant=c", 10)]).await;
+        let answer = ai.charges(&[("route=chat", 1), ("tenant=c", 10)]).await;
         assert_eq!(answer.code(), expected);
     }
     // The refused request's usage counted on the budget...
-    assert_eq!(send(&ai, &[("tenant=c", 0)]).await.remaining(), vec![70]);
+    assert_eq!(ai.charges(&[("tenant=c", 0)]).await.remaining(), vec![70]);
     // ...while the plain rule charged nothing for it: 2 of 2, a check still passes.
-    let route = send(&ai, &[("route=chat", 0)]).await;
+    let route = ai.charges(&[("route=chat", 0)]).await;
     assert_eq!((route.code(), route.remaining()), (Code::Ok, vec![0]));
 }
 
@@ -126,13 +110,13 @@ async fn under_consistency_leased_a_budget_stays_exact_across_instances() {
     let (a, b) = (a.domain("ai"), b.domain("ai"));
     // A busy key on B: leased, it would now hold a block of the budget.
     for _ in 0..40 {
-        assert!(send(&b, &[("tenant=d", 1)]).await.is_ok());
+        assert!(b.charges(&[("tenant=d", 1)]).await.is_ok());
     }
     // A's report spends the budget (40 + 70 = 110 of 100)...
-    assert!(send(&a, &[("tenant=d", 70)]).await.is_over_limit());
+    assert!(a.charges(&[("tenant=d", 70)]).await.is_over_limit());
     // ...and B refuses at once: nothing was admitted from a block.
-    assert!(send(&b, &[("tenant=d", 0)]).await.is_over_limit());
-    assert!(send(&b, &[("tenant=d", 1)]).await.is_over_limit());
+    assert!(b.charges(&[("tenant=d", 0)]).await.is_over_limit());
+    assert!(b.charges(&[("tenant=d", 1)]).await.is_over_limit());
     // Every unit was counted in Redis: 111 used, so a refund of 20 leaves 91 and 9 to spare.
-    assert_eq!(send(&a, &[("tenant=d", -20)]).await.remaining(), vec![9]);
+    assert_eq!(a.charges(&[("tenant=d", -20)]).await.remaining(), vec![9]);
 }

@@ -230,6 +230,23 @@ impl DomainClient {
         Decision(answer.unwrap_or_else(|status| panic!("release {spec}: {status}")))
     }
 
+    /// One request of the descriptors `(spec, hits)`, each charged its own `hits` (negative:
+    /// a refund), as Envoy sends a `hits_addend` per descriptor (0 arrives as a present 0: a
+    /// check); panics on a gRPC error.
+    pub async fn charges(&self, descriptors: &[(&str, i64)]) -> Decision {
+        let mut request = self.request("");
+        for (spec, hits) in descriptors {
+            let mut d = self::descriptors(spec).remove(0);
+            d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value {
+                value: hits.unsigned_abs(),
+            });
+            d.is_negative_hits = *hits < 0;
+            request.descriptors.push(d);
+        }
+        let answer = self.send(request).await;
+        Decision(answer.unwrap_or_else(|status| panic!("{descriptors:?}: {status}")))
+    }
+
     /// The request of one hit `spec` names, for tests that change it before sending.
     pub fn request(&self, spec: &str) -> RateLimitRequest {
         request(&self.domain, descriptors(spec))

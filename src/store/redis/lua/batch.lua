@@ -32,6 +32,12 @@ local HEADER, PER_COUNTER = 2, 7
 local ALGORITHM, LIMIT, WINDOW, BURST, HITS, ROLE, GUARD = 0, 1, 2, 3, 4, 5, 6
 local ADMIT_ALWAYS, ADMIT_NEVER = '1', '2'
 local CONCURRENCY, OVERDRAFT = 4, 16
+
+-- Mirrors algorithm::applies_unconditionally: refunds, concurrency acquisitions and usage
+-- budgets' charges change their counter whatever the decisions.
+local function unconditional(code, hits)
+  return hits < 0 or (hits > 0 and (code % OVERDRAFT == CONCURRENCY or code >= OVERDRAFT))
+end
 local ROLE_ENFORCE, ROLE_QUOTA = '0', '2'
 
 -- Every distinct key read once (under load, many requests of a call share hot keys).
@@ -74,10 +80,7 @@ local function run(k, a)
   local allowed, remaining, reset, retry, next_state, expires = steps[algorithm](
     st, tonumber(ARGV[a + LIMIT]), tonumber(ARGV[a + WINDOW]), tonumber(ARGV[a + BURST]), now,
     hits, tonumber(ARGV[a + GUARD]), overdraft)
-  -- Mirrors algorithm::applies_unconditionally: refunds, concurrency acquisitions and usage
-  -- budgets' charges.
-  local unconditional = hits < 0 or (hits > 0 and (algorithm == CONCURRENCY or overdraft))
-  if ((allowed and hits ~= 0) or unconditional) and next_state then
+  if ((allowed and hits ~= 0) or unconditional(code, hits)) and next_state then
     pending_state[key] = next_state
     pending_algorithm[key] = algorithm
     pending_expiry[key] = expires
@@ -118,9 +121,7 @@ while at <= #ARGV do
     pending_state, pending_expiry, pending_algorithm = {}, {}, {}
     for i = 1, n do
       local k, a = first_key + i, at + HEADER + (i - 1) * PER_COUNTER
-      local hits = tonumber(ARGV[a + HITS])
-      local code = tonumber(ARGV[a + ALGORITHM])
-      if hits < 0 or (hits > 0 and (code % OVERDRAFT == CONCURRENCY or code >= OVERDRAFT)) then
+      if unconditional(tonumber(ARGV[a + ALGORITHM]), tonumber(ARGV[a + HITS])) then
         run(k, a)
       end
     end
