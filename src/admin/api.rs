@@ -207,6 +207,7 @@ pub fn counters_to_proto(
                 reset_after_ms: s.reset_after.div_ceil(1000),
                 over: s.over,
                 degraded: s.degraded,
+                overdraft: s.overdraft,
             })
             .collect(),
         store: store.to_owned(),
@@ -266,5 +267,6 @@ fn limit_to_proto(l: &ExplainedLimit) -> proto::Limit {
         failure_mode: l.failure_mode().as_str().to_owned(),
         counter: l.op.key.to_string(),
         store_key: l.store_key.clone(),
+        overdraft: l.limit.overdraft,
     }
 }

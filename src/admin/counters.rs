@@ -203,6 +203,7 @@ pub fn counters_json(answer: &proto::CountersResponse) -> Value {
             "remaining": c.remaining.to_string(),
             "resetAfterMs": c.reset_after_ms.to_string(),
             "over": c.over,
+            "overdraft": c.overdraft.to_string(),
             "degraded": c.degraded,
         })).collect::<Vec<_>>(),
         "store": answer.store,
@@ -239,6 +240,7 @@ fn limit_json(l: &proto::Limit) -> Value {
         "failureMode": l.failure_mode,
         "counter": l.counter,
         "storeKey": l.store_key,
+        "overdraft": l.overdraft,
     })
 }
 

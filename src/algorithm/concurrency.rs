@@ -36,6 +36,7 @@ pub fn decide(
     match next {
         Some(count) => (
             Decision {
+                overdraft: 0,
                 allowed: true,
                 remaining: limit.requests.saturating_sub(count),
                 reset_after: 0,
@@ -45,6 +46,7 @@ pub fn decide(
         ),
         None => (
             Decision {
+                overdraft: 0,
                 allowed: false,
                 remaining: limit.requests.saturating_sub(count),
                 reset_after: 0,

@@ -67,6 +67,11 @@ pub fn decide(state: Option<&Window>, limit: &Limit, now: Micros, hits: i64) -> 
             ..window
         };
         let decision = Decision {
+            overdraft: if limit.overdraft {
+                next.count.saturating_sub(limit.requests)
+            } else {
+                0
+            },
             allowed: false,
             remaining: limit.requests.saturating_sub(next.count),
             reset_after,
@@ -79,6 +84,7 @@ pub fn decide(state: Option<&Window>, limit: &Limit, now: Micros, hits: i64) -> 
 
 fn allowed(limit: &Limit, window: Window, reset_after: Micros) -> Decision {
     Decision {
+        overdraft: 0,
         allowed: true,
         remaining: limit.requests.saturating_sub(window.count),
         reset_after,

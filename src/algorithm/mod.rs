@@ -129,6 +129,9 @@ pub struct Decision {
     /// When rejected: the earliest time after which the same hits could pass. `None` when
     /// allowed, or when the hits can never pass (more hits than the limit).
     pub retry_after: Option<Micros>,
+    /// A usage budget's overdraft when rejected: the units used past its limit (a window's
+    /// count past it, a token bucket's debt in tokens); 0 otherwise.
+    pub overdraft: u64,
 }
 
 /// The stored state of one counter, whatever its algorithm.

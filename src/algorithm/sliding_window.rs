@@ -95,7 +95,15 @@ pub fn decide(
             .saturating_add(if limit.overdraft { h } else { 0 }),
         ..w
     };
+    // The overdraft: the current count (exact) plus the previous window's whole weighted
+    // hits, less the limit.
+    let weighted = (w.previous as f64 * (window - elapsed) as f64 / window as f64).floor();
     let decision = Decision {
+        overdraft: if limit.overdraft {
+            w.current.saturating_add(weighted as u64).saturating_sub(l)
+        } else {
+            0
+        },
         allowed: false,
         remaining: remaining(&w, limit, elapsed),
         reset_after: full_after(&w, limit, now),
@@ -106,6 +114,7 @@ pub fn decide(
 
 fn allowed(limit: &Limit, w: &Windows, now: Micros, elapsed: Micros) -> Decision {
     Decision {
+        overdraft: 0,
         allowed: true,
         remaining: remaining(w, limit, elapsed),
         reset_after: full_after(w, limit, now),

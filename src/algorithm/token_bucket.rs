@@ -37,6 +37,7 @@ pub fn decide(state: Option<&Bucket>, limit: &Limit, now: Micros, hits: i64) -> 
     let burst = limit.burst;
     if limit.requests == 0 || burst == 0 {
         let decision = Decision {
+            overdraft: 0,
             allowed: hits < 0,
             remaining: 0,
             reset_after: 0,
@@ -71,7 +72,14 @@ pub fn decide(state: Option<&Bucket>, limit: &Limit, now: Micros, hits: i64) -> 
         last: now,
     };
     let after = current.tat + limit.room_for(h) as f64 * interval;
+    // A budget's debt: the tokens used past the burst.
+    let debt = ((current.tat - now_f - capacity) / interval).floor();
     let decision = Decision {
+        overdraft: if limit.overdraft && debt > 0.0 {
+            debt as u64
+        } else {
+            0
+        },
         allowed: false,
         remaining: remaining(&current, interval, capacity, now_f),
         reset_after: micros(current.tat - now_f),
@@ -82,6 +90,7 @@ pub fn decide(state: Option<&Bucket>, limit: &Limit, now: Micros, hits: i64) -> 
 
 fn allowed(b: &Bucket, interval: f64, capacity: f64, now: f64) -> Decision {
     Decision {
+        overdraft: 0,
         allowed: true,
         remaining: remaining(b, interval, capacity, now),
         reset_after: micros(b.tat - now),

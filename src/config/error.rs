@@ -83,6 +83,10 @@ impl ConfigError {
                 "expected u32",
                 "expected a whole number from 0 to 4294967295",
             ),
+            (
+                "expected u64",
+                "expected a whole number from 0 to 9007199254740991",
+            ),
         ] {
             message = message.replace(internal, shown);
         }

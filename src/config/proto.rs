@@ -82,7 +82,7 @@ fn rate_limit(policy: &RateLimitPolicy) -> RawRateLimit {
     };
     RawRateLimit {
         unit,
-        requests_per_unit: (!policy.unlimited).then_some(policy.requests_per_unit),
+        requests_per_unit: (!policy.unlimited).then_some(u64::from(policy.requests_per_unit)),
         unlimited: policy.unlimited,
         name: Some(policy.name.clone()).filter(|n| !n.is_empty()),
         replaces: (!policy.replaces.is_empty()).then(|| {

@@ -83,7 +83,7 @@ pub struct RawRateLimit {
     pub unit: Option<String>,
     /// Hits per unit.
     #[serde(default)]
-    pub requests_per_unit: Option<u32>,
+    pub requests_per_unit: Option<u64>,
     /// No limit at all.
     #[serde(default)]
     pub unlimited: bool,
@@ -98,7 +98,7 @@ pub struct RawRateLimit {
     pub algorithm: Option<String>,
     /// Token bucket capacity (Sluice extension; default requests_per_unit).
     #[serde(default)]
-    pub burst: Option<u32>,
+    pub burst: Option<u64>,
     /// A usage budget: every charge counts, also past the limit (Sluice extension).
     #[serde(default)]
     pub overdraft: bool,

@@ -102,8 +102,10 @@ pub struct CounterState {
     /// The limit and its counter.
     pub limit: ExplainedLimit,
     /// Hits counted in the current window (token bucket: tokens used; concurrency: in
-    /// flight): the capacity less what is left.
+    /// flight): the capacity less what is left, plus a usage budget's overdraft.
     pub used: u64,
+    /// A usage budget's units used past its limit (0 within it, and for other rules).
+    pub overdraft: u64,
     /// Hits the next request may still take.
     pub remaining: u64,
     /// Until the counter is fully restored (µs).
@@ -373,7 +375,10 @@ fn counter_state(limit: &ExplainedLimit, decision: &Decision, degraded: bool) ->
     };
     CounterState {
         limit: limit.clone(),
-        used: capacity.saturating_sub(decision.remaining),
+        used: capacity
+            .saturating_sub(decision.remaining)
+            .saturating_add(decision.overdraft),
+        overdraft: decision.overdraft,
         remaining: decision.remaining,
         reset_after: decision.reset_after,
         over: decision.remaining == 0,

@@ -35,9 +35,9 @@ pub(super) fn status(
         if !d.allowed {
             return 0;
         }
-        d.remaining.saturating_add(uncharged).min(u64::from(
-            limit.requests_per_unit.max(limit.burst.unwrap_or(0)),
-        ))
+        d.remaining
+            .saturating_add(uncharged)
+            .min(limit.requests_per_unit.max(limit.burst.unwrap_or(0)))
     };
     let over = |d: &Decision| !d.allowed && !shadow;
     let wait = |d: &Decision| {
@@ -97,10 +97,13 @@ pub(super) fn status(
 /// `limit` as the status's `current_limit` says it. Envoy's `RateLimit` has no multiplier: a
 /// unit would state a window the limit does not have, and Envoy's x-ratelimit-* headers would
 /// lie, so a window of N units reports none (Sluice's own RateLimit-Policy and Retry-After
-/// carry its exact length).
+/// carry its exact length). Its `requests_per_unit` is 32-bit: a larger limit (a usage
+/// budget's) reports none either, rather than a smaller limit than the real one, and the
+/// remaining budget saturates at 4294967295 ("at least").
 fn reported(limit: &RateLimit) -> Option<ReportedLimit> {
+    let requests_per_unit = u32::try_from(limit.requests_per_unit).ok()?;
     (limit.unit_multiplier == 1).then(|| ReportedLimit {
-        requests_per_unit: limit.requests_per_unit,
+        requests_per_unit,
         unit: limit.unit,
         name: limit.name.clone(),
     })

@@ -137,7 +137,7 @@ impl Priorities {
     /// burst; the refill rate is the same for everyone).
     pub fn limit_for(&self, class: &str, limit: &RateLimit) -> RateLimit {
         let share = self.share(class);
-        let scale = |n: u32| (f64::from(n) * share).floor() as u32;
+        let scale = |n: u64| (n as f64 * share).floor() as u64;
         let mut scaled = limit.clone();
         if limit.algorithm == Algorithm::TokenBucket {
             scaled.burst = Some(scale(limit.burst.unwrap_or(limit.requests_per_unit)));
@@ -157,17 +157,22 @@ pub enum RuleLimit {
     Limited(Vec<RateLimit>),
 }
 
+/// The largest `requests_per_unit` (and `burst`): 2^53 - 1, the largest integer that every
+/// store computes with exactly (Redis's scripts compute in doubles). Counts may pass it (a
+/// usage budget's overdraft); they stay exact in both stores up to 2^64 - 1 and saturate there.
+pub const MAX_LIMIT: u64 = (1 << 53) - 1;
+
 /// `requests_per_unit` per `unit`, enforced by `algorithm`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RateLimit {
-    /// Hits per unit; 0 means always over the limit.
-    pub requests_per_unit: u32,
+    /// Hits per unit; 0 means always over the limit; at most [`MAX_LIMIT`].
+    pub requests_per_unit: u64,
     /// The window length (concurrency: the safety TTL of a counter).
     pub unit: Unit,
     /// The algorithm enforcing it.
     pub algorithm: Algorithm,
     /// Token bucket capacity; `None` for `requests_per_unit`.
-    pub burst: Option<u32>,
+    pub burst: Option<u64>,
     /// A usage budget (see [`algorithm::Limit::overdraft`]).
     pub overdraft: bool,
     /// The window is this many units (at least 1).
@@ -178,7 +183,7 @@ pub struct RateLimit {
 
 impl RateLimit {
     /// A fixed-window limit without a name (e.g. a request's override).
-    pub fn fixed(requests_per_unit: u32, unit: Unit) -> Self {
+    pub fn fixed(requests_per_unit: u64, unit: Unit) -> Self {
         Self {
             requests_per_unit,
             unit,
@@ -205,12 +210,12 @@ impl RateLimit {
 
     /// The algorithm's view of this limit.
     pub fn algorithm_limit(&self) -> algorithm::Limit {
-        let requests = u64::from(self.requests_per_unit);
+        let requests = self.requests_per_unit;
         algorithm::Limit {
             requests,
             window: self.window(),
             algorithm: self.algorithm,
-            burst: self.burst.map_or(requests, u64::from),
+            burst: self.burst.unwrap_or(requests),
             overdraft: self.overdraft,
         }
     }

@@ -103,20 +103,22 @@ struct Shard {
 
 /// A counter's state packed into 32 bytes, so that an entry (with its 16-byte digest) takes
 /// 48 bytes, instead of the 56 of the `State` enum and an expiry with the key. The algorithm is
-/// not stored: it is part of the key. Counts are kept in 32 bits, saturating: limits are
-/// 32-bit (`requests_per_unit`), so a saturated count is over any limit.
+/// not stored: it is part of the key. Counts are kept in 64 bits (a usage budget's overdraft
+/// can pass any 32-bit number), saturating; the expiry in whole seconds, rounded up (a state
+/// read after its expiry equals no state anyway: every algorithm reads an old state as it
+/// would read none, so a second's grace only delays the purge).
 #[derive(Clone, Copy)]
 struct Slot {
-    /// Instant after which the state equals no state.
-    expires_at: Micros,
     /// A fixed window's start; a sliding window's last charge; for a token bucket the bits of
     /// its theoretical arrival time.
     word: u64,
     /// The count; for a sliding window the previous window's count; for a token bucket the
-    /// high half of its last charge's time.
-    first: u32,
-    /// A sliding window's current count; a token bucket's low half of its last charge's time.
-    second: u32,
+    /// time of its last charge.
+    first: u64,
+    /// A sliding window's current count.
+    second: u64,
+    /// Unix second (rounded up) from which the state equals no state.
+    expires: u32,
     /// Hits charged since the counter was created (saturating): what eviction spares.
     charged: u32,
 }
@@ -331,7 +333,7 @@ impl MemoryStore {
             let mut shard = shared.shards.of(&digest).lock();
             if let Some(slot) = shard.entries.remove(&digest) {
                 shared.tracked.fetch_sub(1, Ordering::Relaxed);
-                cleared += u64::from(slot.expires_at > now);
+                cleared += u64::from(slot.live(now));
             }
         }
         cleared
@@ -448,7 +450,7 @@ impl Shared {
     }
 
     fn purge(&self, shard: &mut Shard, now: Micros) {
-        let removed = shard.entries.retain(|slot| slot.expires_at > now);
+        let removed = shard.entries.retain(|slot| slot.live(now));
         shard.last_purge = now;
         self.tracked.fetch_sub(removed as u64, Ordering::Relaxed);
     }
@@ -456,11 +458,11 @@ impl Shared {
     /// Drops the sampled counter whose loss admits the least: an expired one, else the one
     /// charged the fewest hits, else the one closest to expiry.
     fn evict_one(&self, shard: &mut Shard, now: Micros) {
-        let mut victim: Option<(usize, (bool, u32, Micros))> = None;
+        let mut victim: Option<(usize, (bool, u32, u32))> = None;
         let positions: Vec<usize> = shard.entries.sample(EVICTION_SAMPLE).collect();
         for at in positions {
             let slot = shard.entries.at(at);
-            let score = (slot.expires_at > now, slot.charged, slot.expires_at);
+            let score = (slot.live(now), slot.charged, slot.expires);
             if victim.is_none_or(|(_, best)| score < best) {
                 victim = Some((at, score));
             }
@@ -495,7 +497,7 @@ impl Shard {
     fn get(&self, key: &Digest, algorithm: Algorithm, now: Micros) -> Option<State> {
         self.entries
             .get(key)
-            .filter(|slot| slot.expires_at > now)
+            .filter(|slot| slot.live(now))
             .map(|slot| slot.unpack(algorithm))
     }
 }
@@ -507,20 +509,30 @@ const _: () = assert!(size_of::<(Digest, Slot)>() == 48);
 
 impl Slot {
     fn pack(state: State, expires_at: Micros) -> Self {
-        let narrow = |count: u64| u32::try_from(count).unwrap_or(u32::MAX);
         let (word, first, second) = match state {
-            State::FixedWindow(w) => (w.start, narrow(w.count), 0),
-            State::SlidingWindow(w) => (w.last, narrow(w.previous), narrow(w.current)),
-            State::TokenBucket(b) => (b.tat.to_bits(), (b.last >> 32) as u32, b.last as u32),
-            State::Concurrency(c) => (0, narrow(c.count), 0),
+            State::FixedWindow(w) => (w.start, w.count, 0),
+            State::SlidingWindow(w) => (w.last, w.previous, w.current),
+            State::TokenBucket(b) => (b.tat.to_bits(), b.last, 0),
+            State::Concurrency(c) => (0, c.count, 0),
         };
+        let seconds = expires_at.div_ceil(SECOND);
         Self {
-            expires_at,
             word,
             first,
             second,
+            expires: u32::try_from(seconds).unwrap_or(u32::MAX),
             charged: 0,
         }
+    }
+
+    /// Whether the state still differs from no state at `now`.
+    fn live(&self, now: Micros) -> bool {
+        self.expires_at() > now
+    }
+
+    /// The instant from which the state equals no state (rounded up to a second).
+    fn expires_at(&self) -> Micros {
+        u64::from(self.expires) * SECOND
     }
 
     /// The state, read as `algorithm`'s (the algorithm a counter's key names).
@@ -528,19 +540,19 @@ impl Slot {
         match algorithm {
             Algorithm::FixedWindow => State::FixedWindow(fixed_window::Window {
                 start: self.word,
-                count: self.first.into(),
+                count: self.first,
             }),
             Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::Windows {
                 last: self.word,
-                previous: self.first.into(),
-                current: self.second.into(),
+                previous: self.first,
+                current: self.second,
             }),
             Algorithm::TokenBucket => State::TokenBucket(token_bucket::Bucket {
                 tat: f64::from_bits(self.word),
-                last: u64::from(self.first) << 32 | u64::from(self.second),
+                last: self.first,
             }),
             Algorithm::Concurrency => State::Concurrency(concurrency::InFlight {
-                count: self.first.into(),
+                count: self.first,
             }),
         }
     }

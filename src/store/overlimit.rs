@@ -77,6 +77,7 @@ fn cacheable(op: &CounterOp) -> bool {
 /// The decision for `op`, remembered as refused until `until`.
 fn refusal(op: &CounterOp, until: Micros, now: Micros) -> Decision {
     Decision {
+        overdraft: 0,
         allowed: false,
         remaining: 0,
         reset_after: op.limit.window_left(now).max(until - now),
@@ -173,6 +174,7 @@ impl OverLimitCache {
                     for &i in &others {
                         let limit = &batch.ops[i].limit;
                         decisions[i] = Decision {
+                            overdraft: 0,
                             allowed: true,
                             remaining: limit.requests,
                             reset_after: limit.window_left(now),

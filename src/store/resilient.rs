@@ -181,12 +181,14 @@ impl Resilient {
             let reset = op.limit.window_left(now);
             decisions[i] = match op.failure_mode {
                 FailureMode::Allow => Some(Decision {
+                    overdraft: 0,
                     allowed: true,
                     remaining: op.limit.requests,
                     reset_after: reset,
                     retry_after: None,
                 }),
                 FailureMode::Deny => Some(Decision {
+                    overdraft: 0,
                     allowed: op.hits <= 0,
                     remaining: 0,
                     reset_after: reset,

@@ -168,12 +168,17 @@ pub async fn counters(args: CountersArgs) -> Result<(), ToolError> {
             for c in &answer.counters {
                 let limit = c.limit.clone().unwrap_or_default();
                 out += &format!(
-                    "  counter {}: used {}, remaining {}, reset in {:.3}s{}{}\n",
+                    "  counter {}: used {}, remaining {}, reset in {:.3}s{}{}{}\n",
                     limit.counter,
                     c.used,
                     c.remaining,
                     c.reset_after_ms as f64 / 1000.0,
                     if c.over { ", over the limit" } else { "" },
+                    if c.overdraft > 0 {
+                        format!(" (budget overdrawn by {})", c.overdraft)
+                    } else {
+                        String::new()
+                    },
                     if c.degraded {
                         " (store failing: the failure mode's answer)"
                     } else {
@@ -249,6 +254,9 @@ fn write_explanation(out: &mut String, e: &proto::DescriptorExplanation) {
         }
         if !l.name.is_empty() {
             line += &format!(", name {}", l.name);
+        }
+        if l.overdraft {
+            line += ", usage budget (overdraft)";
         }
         *out += &format!(
             "{line}\n    counter {}\n    store key {}\n",

@@ -125,7 +125,7 @@ fn rule(domain: &str, entries: &[(&str, &str)]) -> &'static Rule {
 }
 
 /// Requests per unit and unit of a limited rule.
-fn limit(rule: &Rule) -> (u32, Unit) {
+fn limit(rule: &Rule) -> (u64, Unit) {
     match &rule.limit {
         RuleLimit::Limited(l) => (l[0].requests_per_unit, l[0].unit),
         RuleLimit::Unlimited => panic!("{} is unlimited", rule.stats_key),

@@ -4,7 +4,7 @@
 use super::Cx;
 use crate::algorithm::Algorithm;
 use crate::config::raw::{RawDescriptor, RawRateLimit};
-use crate::policy::{MetaValue, Priorities, RateLimit, Rule, RuleLimit};
+use crate::policy::{MAX_LIMIT, MetaValue, Priorities, RateLimit, Rule, RuleLimit};
 
 impl Cx<'_> {
     /// Compiles a descriptor's `rate_limit:` or `rate_limits:`; `None` when it has neither or
@@ -260,6 +260,18 @@ impl Cx<'_> {
                 found
             }
         };
+        if let Some(requests) = raw.requests_per_unit.filter(|&n| n > MAX_LIMIT) {
+            self.error(
+                &format!("{path}.requests_per_unit"),
+                format!("requests_per_unit {requests} is over the largest limit, {MAX_LIMIT} (2^53 - 1)"),
+            );
+        }
+        if let Some(burst) = raw.burst.filter(|&n| n > MAX_LIMIT) {
+            self.error(
+                &format!("{path}.burst"),
+                format!("burst {burst} is over the largest limit, {MAX_LIMIT} (2^53 - 1)"),
+            );
+        }
         if let Some(burst) = raw.burst {
             if algorithm != Some(Algorithm::TokenBucket) {
                 self.error(

@@ -333,6 +333,7 @@ impl Block {
     /// this instance's units (the units other instances hold are not known here).
     fn allowed(&self, now: Micros) -> Decision {
         Decision {
+            overdraft: 0,
             allowed: self.limit.requests > 0,
             remaining: self.shared_left.saturating_add(self.units),
             reset_after: self.reset_at.saturating_sub(now),
@@ -370,6 +371,7 @@ impl Refused {
     fn decision_at(&self, now: Micros) -> Decision {
         let elapsed = now.saturating_sub(self.at);
         Decision {
+            overdraft: 0,
             allowed: false,
             remaining: self.decision.remaining,
             reset_after: self.decision.reset_after.saturating_sub(elapsed),
@@ -394,6 +396,7 @@ mod tests {
         Grant {
             units,
             decision: Decision {
+                overdraft: 0,
                 allowed: units > 0,
                 remaining,
                 reset_after: MINUTE - now % MINUTE,

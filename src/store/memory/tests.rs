@@ -160,9 +160,10 @@ fn packed_slots_keep_every_algorithms_state() {
         State::Concurrency(concurrency::InFlight { count: 3 }),
     ];
     for (state, algorithm) in states.into_iter().zip(Algorithm::ALL) {
-        let slot = Slot::pack(state, 42);
+        // The expiry is kept in whole seconds, rounded up.
+        let slot = Slot::pack(state, 1_700_000_000 * SECOND + 42);
         assert_eq!(slot.unpack(algorithm), state);
-        assert_eq!(slot.expires_at, 42);
+        assert_eq!(slot.expires_at(), 1_700_000_001 * SECOND);
     }
 }
 

@@ -186,6 +186,7 @@ fn decode(values: &[i64], asks: usize) -> Result<Vec<Grant>, StoreError> {
         .map(|g| Grant {
             units: g[0].max(0) as u64,
             decision: Decision {
+                overdraft: 0,
                 allowed: g[1] == 1,
                 remaining: g[2].max(0) as u64,
                 reset_after: micros(g[3]),

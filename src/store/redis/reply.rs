@@ -32,7 +32,7 @@ pub(super) fn decode(
             })?;
         let (admitted, (own, tail)) = frame;
         rest = tail;
-        replies.push(decode_request(own, part.keys.len()).map(|decisions| Reply {
+        replies.push(decode_request(own, part).map(|decisions| Reply {
             admitted,
             now,
             decisions,
@@ -49,9 +49,19 @@ pub(super) fn decode(
     Ok(replies)
 }
 
+/// Whether counter `i` of `part` is a usage budget (its refusals carry its overdraft).
+fn is_budget(part: &Part, i: usize) -> bool {
+    use super::args::{ALGORITHM, HEADER, OVERDRAFT, PER_COUNTER};
+    part.args
+        .get(HEADER + i * PER_COUNTER + ALGORITHM)
+        .is_some_and(|&code| code >= OVERDRAFT)
+}
+
 /// One request's decisions from its `values`: per counter, remaining and reset when allowed,
-/// or `-1 - remaining`, reset and retry (-1: none) when not.
-fn decode_request(values: &[i64], counters: usize) -> Result<Vec<Decision>, StoreError> {
+/// or `-1 - remaining`, reset and retry (-1: none) when not, then a budget's overdraft as
+/// `hi * 1e9 + lo` (saturating).
+fn decode_request(values: &[i64], part: &Part) -> Result<Vec<Decision>, StoreError> {
+    let counters = part.keys.len();
     let bad = || {
         StoreError::Internal(format!(
             "script answered {} values for {counters} counters",
@@ -61,10 +71,11 @@ fn decode_request(values: &[i64], counters: usize) -> Result<Vec<Decision>, Stor
     let micros = |v: i64| v.max(0) as Micros;
     let mut values = values.iter().copied();
     let mut decisions = Vec::with_capacity(counters);
-    for _ in 0..counters {
+    for i in 0..counters {
         let (first, reset) = values.next().zip(values.next()).ok_or_else(bad)?;
         decisions.push(if first >= 0 {
             Decision {
+                overdraft: 0,
                 allowed: true,
                 remaining: first as u64,
                 reset_after: micros(reset),
@@ -72,7 +83,16 @@ fn decode_request(values: &[i64], counters: usize) -> Result<Vec<Decision>, Stor
             }
         } else {
             let retry = values.next().ok_or_else(bad)?;
+            let overdraft = if is_budget(part, i) {
+                let (hi, lo) = values.next().zip(values.next()).ok_or_else(bad)?;
+                (hi.max(0) as u64)
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(lo.max(0) as u64)
+            } else {
+                0
+            };
             Decision {
+                overdraft,
                 allowed: false,
                 // -1 - remaining, written so that no value can overflow.
                 remaining: (-(first + 1)) as u64,

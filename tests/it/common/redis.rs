@@ -18,6 +18,16 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A free port whose Cluster bus port (port + 10000) is free too.
+pub fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// One redis-server, killed on drop.
 pub struct RedisServer {
     child: Option<Child>,
@@ -46,31 +56,66 @@ impl RedisServer {
     /// Starts a server with extra `redis-server` arguments (config directives).
     pub fn start_with(extra: &[&str]) -> Self {
         let dir = super::temp_dir("redis");
+        let cluster = extra.contains(&"--cluster-enabled");
         let mut server = Self {
             child: None,
-            port: free_port(),
+            port: if cluster { free_cluster_port() } else { free_port() },
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
         };
-        server.spawn();
+        server.spawn(true);
         server
     }
 
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("redis-server not found: run ./scripts/test, which installs it");
-        self.child = Some(child);
-        eventually_blocking("redis PING", || {
-            command(self.port, &["PING"]).is_ok_and(|r| r == "+PONG" || r.starts_with("-NOAUTH"))
-        });
+    /// Starts redis-server on `self.port` and waits for PING. A port that was free when chosen
+    /// can be taken before redis binds it (by another test's server, or a Cluster bus at
+    /// port + 10000): a server that exits at once is started again, on a new port unless
+    /// `may_move` is false (a restart keeps its port), and one
+    /// that never answers fails with its log.
+    fn spawn(&mut self, may_move: bool) {
+        let cluster = self.extra.iter().any(|a| a == "--cluster-enabled");
+        for _ in 0..5 {
+            let log = self.dir.join("redis.log");
+            let child = Command::new("redis-server")
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&self.dir)
+                .arg("--logfile")
+                .arg(&log)
+                .args(&self.extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("redis-server not found: run ./scripts/test, which installs it");
+            self.child = Some(child);
+            let started = std::time::Instant::now();
+            loop {
+                if command(self.port, &["PING"])
+                    .is_ok_and(|r| r == "+PONG" || r.starts_with("-NOAUTH"))
+                {
+                    return;
+                }
+                let exited = self.child.as_mut().unwrap().try_wait().unwrap().is_some();
+                if exited {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "never: redis PING on port {}; its log:\n{}",
+                    self.port,
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            self.child = None;
+            if !may_move {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            self.port = if cluster { free_cluster_port() } else { free_port() };
+        }
+        panic!("redis-server exited at once five times; see its log in {}", self.dir.display());
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -99,7 +144,7 @@ impl RedisServer {
     /// Starts the server again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        self.spawn(false);
     }
 
     /// Sends one command and returns the raw first reply line(s).

@@ -24,7 +24,8 @@
 -- Returns  {now, then per request: a header (1 if admitted, else 0, plus twice the number
 --          of values that follow for this request), then per counter: remaining and
 --          reset_after when allowed, or -1 - remaining, reset_after and retry_after (-1:
---          none) when not}, times in microseconds (an allowed counter has no retry_after:
+--          none) when not, and for a usage budget then its overdraft (the units past its
+--          limit) as two integers, hi and lo, worth hi * 1e9 + lo}, times in microseconds (an allowed counter has no retry_after:
 --          a shorter answer is less for Redis to write and Sluice to read)
 -- The argument layout, defined once in Rust (`mod args` in src/store/redis/mod.rs): the same
 -- names, offsets from a counter's first value, and codes.
@@ -77,7 +78,7 @@ local function run(k, a)
     end
   end
   local hits = safe(tonumber(ARGV[a + HITS]))
-  local allowed, remaining, reset, retry, next_state, expires = steps[algorithm](
+  local allowed, remaining, reset, retry, next_state, expires, over = steps[algorithm](
     st, tonumber(ARGV[a + LIMIT]), tonumber(ARGV[a + WINDOW]), tonumber(ARGV[a + BURST]), now,
     hits, tonumber(ARGV[a + GUARD]), overdraft)
   if ((allowed and hits ~= 0) or unconditional(code, hits)) and next_state then
@@ -85,7 +86,8 @@ local function run(k, a)
     pending_algorithm[key] = algorithm
     pending_expiry[key] = expires
   end
-  return allowed, max(safe(remaining), 0), max(safe(reset), 0), max(safe(retry), -1)
+  if overdraft and over == nil then over = 0 end
+  return allowed, max(safe(remaining), 0), max(safe(reset), 0), max(safe(retry), -1), over
 end
 
 local at, first_key = 2, 0
@@ -98,7 +100,7 @@ while at <= #ARGV do
   out[o] = 0
   for i = 1, n do
     local k, a = first_key + i, at + HEADER + (i - 1) * PER_COUNTER
-    local allowed, remaining, reset, retry = run(k, a)
+    local allowed, remaining, reset, retry, over = run(k, a)
     local role = ARGV[a + ROLE]
     if role == ROLE_ENFORCE and not allowed then enforce_over = true end
     if role == ROLE_QUOTA then
@@ -111,6 +113,11 @@ while at <= #ARGV do
     else
       out[o + 1], out[o + 2], out[o + 3] = -1 - remaining, reset, retry
       o = o + 3
+      -- A usage budget's overdraft (units past its limit, exact however large).
+      if over ~= nil then
+        out[o + 1], out[o + 2] = count_parts(over)
+        o = o + 2
+      end
     end
   end
 

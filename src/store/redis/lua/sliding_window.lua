@@ -7,11 +7,11 @@
 -- once per call into {last, previous, current}.
 local function sliding_window_decode(raw)
   local s, p, c = match(raw, '^(%d+) (%d+) (%d+)$')
-  if s then return { safe(tonumber(s)), safe(tonumber(p)), safe(tonumber(c)) } end
+  if s then return { safe(tonumber(s)), count_parse(p), count_parse(c) } end
 end
 
 local function sliding_window_encode(st)
-  return format('%d %d %d', max(safe(st[1]), 0), max(safe(st[2]), 0), max(safe(st[3]), 0))
+  return format('%d %s %s', max(safe(st[1]), 0), count_format(st[2]), count_format(st[3]))
 end
 
 -- Hits still available with `c` in the current window.
@@ -42,24 +42,37 @@ local function sliding_window(st, limit, window, burst, now, hits, guard, overdr
   end
   local elapsed = now - ws
   local expiry = (ws + 2 * window) / 1000
+  -- The counts as doubles for the decision (exact below MAX_SAFE); the stored sums exact.
+  local exact_previous, exact_current = previous, current
+  previous, current = count_value(previous), count_value(current)
   if hits < 0 then
-    local after = current
-    if not (guard >= 0 and guard ~= ws) then after = max(current + hits, 0) end
-    return true, sliding_window_remaining(limit, window, elapsed, previous, after),
-      sliding_window_reset(window, ws, now, previous, after), -1, { now, previous, after }, expiry
+    local after = exact_current
+    if not (guard >= 0 and guard ~= ws) then after = count_add(exact_current, hits) end
+    local a = count_value(after)
+    return true, sliding_window_remaining(limit, window, elapsed, previous, a),
+      sliding_window_reset(window, ws, now, previous, a), -1, { now, exact_previous, after },
+      expiry
   end
   local room = hits
   if overdraft and room < 1 then room = 1 end
   if limit > 0 and previous * (window - elapsed) / window + current + room <= limit then
     local after = current + hits
     return true, sliding_window_remaining(limit, window, elapsed, previous, after),
-      sliding_window_reset(window, ws, now, previous, after), -1, { now, previous, after }, expiry
+      sliding_window_reset(window, ws, now, previous, after), -1,
+      { now, exact_previous, after }, expiry
   end
   -- A usage budget records the refused charge: the overdraft slides out with its windows.
-  local recorded = nil
-  if overdraft and hits > 0 then
-    current = current + hits
-    recorded = { now, previous, current }
+  local recorded, over = nil, nil
+  if overdraft then
+    local after = exact_current
+    if hits > 0 then
+      after = count_add(exact_current, hits)
+      current = count_value(after)
+      recorded = { now, exact_previous, after }
+    end
+    -- The overdraft: the current count (exact) plus the previous window's whole weighted
+    -- hits, less the limit.
+    over = count_add(after, floor(previous * (window - elapsed) / window) - limit)
   end
   local retry = -1
   if limit > 0 and hits <= limit then
@@ -79,5 +92,5 @@ local function sliding_window(st, limit, window, burst, now, hits, guard, overdr
     retry = max(t - now, 0)
   end
   return false, sliding_window_remaining(limit, window, elapsed, previous, current),
-    sliding_window_reset(window, ws, now, previous, current), retry, recorded, expiry
+    sliding_window_reset(window, ws, now, previous, current), retry, recorded, expiry, over
 end

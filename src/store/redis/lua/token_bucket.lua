@@ -50,10 +50,12 @@ local function token_bucket(st, limit, window, burst, now, hits, guard, overdraf
       -- A usage budget records the refused charge: the bucket goes into debt.
       local current, recorded = tat, nil
       if overdraft and hits > 0 then current, recorded = t, { t, now } end
-      local retry = -1
+      local retry, over = -1, nil
       if hits <= burst then retry = micros(current + room * interval - capacity - now) end
+      -- A budget's debt: the tokens used past the burst.
+      if overdraft then over = max(floor((current - now - capacity) / interval), 0) end
       return false, token_bucket_remaining(capacity, interval, current, now), micros(current - now),
-        retry, recorded, ceil(current / 1000)
+        retry, recorded, ceil(current / 1000), over
     end
   end
   return true, token_bucket_remaining(capacity, interval, t, now), micros(t - now), -1,
