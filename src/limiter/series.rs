@@ -47,6 +47,8 @@ struct RuleMetrics {
     near_limit: IntCounterVec,
     over_limit_with_local_cache: IntCounterVec,
     shadow_mode: IntCounterVec,
+    budget_units: IntCounterVec,
+    budget_overdraft: IntCounterVec,
 }
 
 struct RuleHandles {
@@ -56,6 +58,9 @@ struct RuleHandles {
     near_limit: IntCounter,
     over_limit_with_local_cache: IntCounter,
     shadow_mode: IntCounter,
+    /// A usage budget's: units charged, and of those the units past its limit (series only
+    /// for rules with a budget).
+    budget: Option<(IntCounter, IntCounter)>,
 }
 
 const RULE_LABELS: [&str; 4] = ["domain", "rule", "key1", "key2"];
@@ -96,6 +101,18 @@ impl RuleSeries {
                 shadow_mode: rule(
                     "shadow_mode",
                     "Hits over the limit let through by shadow mode",
+                ),
+                budget_units: counter_vec(
+                    r,
+                    "sluice_budget_units_total",
+                    "Units charged to a usage budget (overdraft: true), every charge counting",
+                    &RULE_LABELS,
+                ),
+                budget_overdraft: counter_vec(
+                    r,
+                    "sluice_budget_overdraft_units_total",
+                    "Units charged to a usage budget past its limit",
+                    &RULE_LABELS,
                 ),
             },
             handles: RwLock::default(),
@@ -146,7 +163,11 @@ impl RuleSeries {
         });
     }
 
-    fn handles(&self, labels: [String; 4], owner: Option<&str>) -> Arc<RuleHandles> {
+    fn handles(
+        &self,
+        labels: [String; 4],
+        owner: Option<&crate::policy::Rule>,
+    ) -> Arc<RuleHandles> {
         if let Some((_, h)) = self.handles.read().get(&labels) {
             return h.clone();
         }
@@ -159,11 +180,17 @@ impl RuleSeries {
             near_limit: r.near_limit.with_label_values(&values),
             over_limit_with_local_cache: r.over_limit_with_local_cache.with_label_values(&values),
             shadow_mode: r.shadow_mode.with_label_values(&values),
+            budget: owner.filter(|rule| has_budget(rule)).map(|_| {
+                (
+                    r.budget_units.with_label_values(&values),
+                    r.budget_overdraft.with_label_values(&values),
+                )
+            }),
         });
         self.handles
             .write()
             .entry(labels)
-            .or_insert((owner.map(str::to_owned), handles))
+            .or_insert((owner.map(|r| r.stats_key.clone()), handles))
             .1
             .clone()
     }
@@ -246,7 +273,7 @@ impl RuleSeries {
                 }
             }
         }
-        let h = self.handles(labels, event.rule.map(|r| r.stats_key.as_str()));
+        let h = self.handles(labels, event.rule);
         if let Some(rule) = plain {
             self.by_rule
                 .write()
@@ -261,6 +288,10 @@ impl RuleSeries {
     fn count(&self, h: &RuleHandles, event: &LimitEvent<'_>, hits: u64) {
         h.total_hits.inc_by(hits);
         let d = event.decision;
+        if let Some((units, overdraft)) = h.budget.as_ref().filter(|_| event.limit.overdraft) {
+            units.inc_by(hits);
+            overdraft.inc_by(if d.allowed { 0 } else { d.overdraft.min(hits) });
+        }
         if event.from_cache {
             h.over_limit.inc_by(hits);
             h.over_limit_with_local_cache.inc_by(hits);
@@ -307,7 +338,7 @@ impl RuleSeries {
 }
 
 impl RuleMetrics {
-    fn all(&self) -> [&IntCounterVec; 6] {
+    fn all(&self) -> [&IntCounterVec; 8] {
         [
             &self.total_hits,
             &self.within_limit,
@@ -315,8 +346,15 @@ impl RuleMetrics {
             &self.near_limit,
             &self.over_limit_with_local_cache,
             &self.shadow_mode,
+            &self.budget_units,
+            &self.budget_overdraft,
         ]
     }
+}
+
+/// Whether any limit of `rule` is a usage budget.
+fn has_budget(rule: &crate::policy::Rule) -> bool {
+    matches!(&rule.limit, crate::policy::RuleLimit::Limited(limits) if limits.iter().any(|l| l.overdraft))
 }
 
 /// Runtime values longer than this many bytes are shortened in labels.

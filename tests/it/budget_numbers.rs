@@ -166,6 +166,6 @@ async fn a_limit_past_32_bits_counts_10e9_reports_exactly() {
         assert_eq!(counter["overdraft"], "999999999", "{body}");
         assert_eq!(counter["limit"]["requestsPerUnit"], 10_000_000_000u64, "{body}");
         assert_eq!(counter["limit"]["overdraft"], true, "{body}");
-        server.stop().await;
+        server.stop().await.unwrap();
     }
 }

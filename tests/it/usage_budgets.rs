@@ -7,7 +7,7 @@
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 use crate::common::redis::RedisServer;
-use crate::common::{TestServer, config_dir};
+use crate::common::{TestServer, config_dir, metric};
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
 
@@ -52,6 +52,16 @@ async fn a_charge_that_crosses_the_budget_counts(server: &TestServer) {
     assert_eq!((check.code(), check.remaining()), (Code::Ok, vec![5]));
     // Another tenant has its own budget.
     assert_eq!(ai.charges(&[("tenant=b", 0)]).await.remaining(), vec![100]);
+    // The rule's series: 140 units charged (80 + 50 + 10), 40 of them past the limit
+    // (30 of the crossing report, all 10 of the next); checks and refunds are no charges.
+    let page = crate::common::reference::metrics(server).await;
+    let series = |name: &str| {
+        let labels = r#"{domain="ai",key1="tenant",key2="",rule="ai.tenant"}"#;
+        metric::<u64>(&page, &format!("{name}{labels}")).unwrap_or_else(|| panic!("{name}: {page}"))
+    };
+    assert_eq!(series("sluice_budget_units_total"), 140);
+    assert_eq!(series("sluice_budget_overdraft_units_total"), 40);
+    assert!(!page.contains(r#"sluice_budget_units_total{domain="ai",key1="route""#), "a plain rule has no budget series");
 }
 
 async fn a_budget_charge_counts_when_another_descriptor_refuses_the_request(server: &TestServer) {
