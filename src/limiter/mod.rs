@@ -509,7 +509,10 @@ fn plan<'p>(domain: Option<&'p Domain>, request: &Request) -> Vec<Plan<'p>> {
             if let Some(o) = descriptor.limit {
                 return Plan::Counted {
                     rule: None,
-                    limits: Cow::Owned(vec![RateLimit::fixed(u64::from(o.requests_per_unit), o.unit)]),
+                    limits: Cow::Owned(vec![RateLimit::fixed(
+                        u64::from(o.requests_per_unit),
+                        o.unit,
+                    )]),
                 };
             }
             let Some(rule) = domain.find(&descriptor.entries) else {

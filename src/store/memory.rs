@@ -551,9 +551,9 @@ impl Slot {
                 tat: f64::from_bits(self.word),
                 last: self.first,
             }),
-            Algorithm::Concurrency => State::Concurrency(concurrency::InFlight {
-                count: self.first,
-            }),
+            Algorithm::Concurrency => {
+                State::Concurrency(concurrency::InFlight { count: self.first })
+            }
         }
     }
 }

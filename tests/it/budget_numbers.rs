@@ -142,7 +142,10 @@ async fn a_limit_past_32_bits_counts_10e9_reports_exactly() {
         let ai = server.domain("ai");
         let first = ai.charges(&[("tenant=t", 1_000_000_000)]).await;
         assert!(first.is_ok());
-        assert_eq!(first.statuses[0].current_limit, None, "no 32-bit limit to report");
+        assert_eq!(
+            first.statuses[0].current_limit, None,
+            "no 32-bit limit to report"
+        );
         assert_eq!(first.remaining(), vec![u32::MAX], "9e9 left saturates");
         for _ in 0..8 {
             assert!(ai.charges(&[("tenant=t", 1_000_000_000)]).await.is_ok());
@@ -153,18 +156,18 @@ async fn a_limit_past_32_bits_counts_10e9_reports_exactly() {
         assert!(ai.charges(&[("tenant=t", 1_000_000_000)]).await.is_ok());
         let crossing = ai.charges(&[("tenant=t", 999_999_999)]).await;
         assert!(crossing.is_over_limit());
-        let (status, body) = http_get(
-            server.http_addr,
-            "/counters?domain=ai&entry=tenant=t",
-        )
-        .await
-        .unwrap();
+        let (status, body) = http_get(server.http_addr, "/counters?domain=ai&entry=tenant=t")
+            .await
+            .unwrap();
         assert_eq!(status, 200, "{body}");
         let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
         let counter = &answer["counters"][0];
         assert_eq!(counter["used"], "10999999999", "{body}");
         assert_eq!(counter["overdraft"], "999999999", "{body}");
-        assert_eq!(counter["limit"]["requestsPerUnit"], 10_000_000_000u64, "{body}");
+        assert_eq!(
+            counter["limit"]["requestsPerUnit"], 10_000_000_000u64,
+            "{body}"
+        );
         assert_eq!(counter["limit"]["overdraft"], true, "{body}");
         server.stop().await.unwrap();
     }

@@ -9,6 +9,7 @@ mod admin_reset;
 mod algorithm_properties;
 mod algorithms;
 mod algorithms_server;
+mod budget_fleet;
 mod budget_numbers;
 mod cli;
 mod config_validation;

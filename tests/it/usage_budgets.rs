@@ -61,7 +61,10 @@ async fn a_charge_that_crosses_the_budget_counts(server: &TestServer) {
     };
     assert_eq!(series("sluice_budget_units_total"), 140);
     assert_eq!(series("sluice_budget_overdraft_units_total"), 40);
-    assert!(!page.contains(r#"sluice_budget_units_total{domain="ai",key1="route""#), "a plain rule has no budget series");
+    assert!(
+        !page.contains(r#"sluice_budget_units_total{domain="ai",key1="route""#),
+        "a plain rule has no budget series"
+    );
 }
 
 async fn a_budget_charge_counts_when_another_descriptor_refuses_the_request(server: &TestServer) {

@@ -263,7 +263,9 @@ impl Cx<'_> {
         if let Some(requests) = raw.requests_per_unit.filter(|&n| n > MAX_LIMIT) {
             self.error(
                 &format!("{path}.requests_per_unit"),
-                format!("requests_per_unit {requests} is over the largest limit, {MAX_LIMIT} (2^53 - 1)"),
+                format!(
+                    "requests_per_unit {requests} is over the largest limit, {MAX_LIMIT} (2^53 - 1)"
+                ),
             );
         }
         if let Some(burst) = raw.burst.filter(|&n| n > MAX_LIMIT) {

@@ -196,6 +196,18 @@ pub struct DomainClient {
 }
 
 impl DomainClient {
+    /// A client for `domain` on the gRPC listener at `addr` (`127.0.0.1:PORT`, e.g. a
+    /// [`SluiceProcess`]'s), connecting on first use.
+    pub fn connect(addr: &str, domain: &str) -> Self {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        Self {
+            client: RateLimitServiceClient::new(channel),
+            domain: domain.to_owned(),
+        }
+    }
+
     /// One hit on the descriptors `spec` names; panics on a gRPC error.
     pub async fn hit(&self, spec: &str) -> Decision {
         self.hits(spec, 1).await

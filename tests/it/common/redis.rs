@@ -59,7 +59,11 @@ impl RedisServer {
         let cluster = extra.contains(&"--cluster-enabled");
         let mut server = Self {
             child: None,
-            port: if cluster { free_cluster_port() } else { free_port() },
+            port: if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            },
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
         };
@@ -113,9 +117,16 @@ impl RedisServer {
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
-            self.port = if cluster { free_cluster_port() } else { free_port() };
+            self.port = if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            };
         }
-        panic!("redis-server exited at once five times; see its log in {}", self.dir.display());
+        panic!(
+            "redis-server exited at once five times; see its log in {}",
+            self.dir.display()
+        );
     }
 
     /// `redis://127.0.0.1:PORT`.
