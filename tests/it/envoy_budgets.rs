@@ -56,6 +56,7 @@ async fn edge(sluice: &TestServer) -> (Envoy, u16) {
     );
     Bootstrap::new(sluice.grpc_addr.port())
         .routes(&routes)
+        .filter("              enable_x_ratelimit_headers: DRAFT_VERSION_03")
         .upstream_route(
             r#"                response_headers_to_add:
                 - header: {key: x-tokens-used, value: "%REQ(x-use)%"}"#,
@@ -88,12 +89,23 @@ async fn the_stream_that_crosses_the_budget_completes_and_the_next_is_refused(sl
     };
     assert_eq!(call("60").await.0, 200);
     settled(sluice, "acme", 60).await;
-    // 60 used of 100: this stream passes the check and reports 60 more.
-    let (status, _, body) = call("60").await;
+    // 60 used of 100: this stream passes the check and reports 60 more; the passing check's
+    // headers already reflect the usage charged so far.
+    let (status, head, body) = call("60").await;
     assert_eq!(
         (status, body.as_str()),
         (200, "hello"),
         "the crossing stream completes"
+    );
+    assert_eq!(
+        envoy::header(&head, "x-ratelimit-remaining"),
+        Some("40"),
+        "{head}"
+    );
+    assert_eq!(
+        envoy::header(&head, "x-ratelimit-limit").map(|l| l.starts_with("100")),
+        Some(true),
+        "{head}"
     );
     // 120 of 100, counted in full: a refund of 20 would still leave the budget spent.
     eventually("the crossing report is counted", || async {
@@ -103,6 +115,30 @@ async fn the_stream_that_crosses_the_budget_completes_and_the_next_is_refused(sl
     .await;
     let (status, head, _) = call("1").await;
     assert_eq!(status, 429, "{head}");
+    // The 429 describes the budget that refused: its limit, nothing left, and the wait until
+    // the overdraft has aged out (the hour's end) in Sluice's RateLimit and Retry-After.
+    assert_eq!(
+        envoy::header(&head, "x-ratelimit-remaining"),
+        Some("0"),
+        "{head}"
+    );
+    let policy = envoy::header(&head, "ratelimit-policy").unwrap_or_default();
+    assert!(policy.contains(";q=100;w=3600"), "{head}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let to_hour_end = 3600 - now % 3600;
+    let retry: u64 = envoy::header(&head, "retry-after")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        retry.abs_diff(to_hour_end) <= 2,
+        "retry-after {retry}, {to_hour_end} s to the hour's end"
+    );
+    let left = envoy::header(&head, "ratelimit").unwrap_or_default();
+    assert!(left.contains(";r=0;t="), "{head}");
     // A refused request's stream reports no usage here (the upstream never answered it):
     // the tenant stays at its 120.
     let after = sluice.domain("edge").charges(&[("tenant=acme", -20)]).await;
@@ -134,15 +170,22 @@ async fn an_estimate_settles_to_the_actual(sluice: &TestServer) {
     settled(sluice, "under", 80).await;
 }
 
+/// Sluice's own headers on (RateLimit-Policy and RateLimit beside Retry-After).
+fn with_headers(mut settings: Settings) -> Settings {
+    settings.response.draft_headers = true;
+    settings
+}
+
 async fn memory() -> TestServer {
-    TestServer::start(&[("edge.yaml", CONFIG)]).await
+    let settings = Settings::for_tests(config_dir("envoy-budgets", &[("edge.yaml", CONFIG)]));
+    TestServer::start_with(with_headers(settings)).await
 }
 
 async fn redis(redis: &RedisServer) -> TestServer {
     let mut settings = Settings::for_tests(config_dir("envoy-budgets", &[("edge.yaml", CONFIG)]));
     settings.backend = Backend::Redis;
     settings.redis = Some(RedisOptions::new(redis.url(), RedisKind::Single));
-    TestServer::start_with(settings).await
+    TestServer::start_with(with_headers(settings)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
