@@ -3,7 +3,8 @@
 //! same checks. A resource's `name` stands where a file name would in errors.
 //!
 //! The proto has no place for Sluice's own rule fields: an xDS rule counts with a fixed window
-//! and answers by the process's `FAILURE_MODE` while the store fails.
+//! and answers by the process's `FAILURE_MODE` while the store fails; the rules of the
+//! domains the operator names (`XDS_USAGE_BUDGET_DOMAINS`) are usage budgets.
 
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
@@ -14,10 +15,12 @@ use super::raw::{RawDescriptor, RawFile, RawRateLimit, RawReplaces};
 use super::{ConfigError, LoadOptions, MAX_NESTING};
 use crate::policy::Policy;
 
-/// Compiles every resource of one xDS response into one policy, or every error.
+/// Compiles every resource of one xDS response into one policy, or every error. The counted
+/// rules of a domain in `budgets` (or of every domain, with `*`) are usage budgets.
 pub fn compile_resources(
     configs: &[RateLimitConfig],
     options: LoadOptions,
+    budgets: &[String],
 ) -> Result<Policy, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let mut files = Vec::with_capacity(configs.len());
@@ -27,7 +30,8 @@ pub fn compile_resources(
         } else {
             config.name.clone()
         };
-        match raw_file(config) {
+        let budget = budgets.iter().any(|d| d == "*" || *d == config.domain);
+        match raw_file(config, budget) {
             Ok(file) => files.push((name, file)),
             Err(message) => errors.push(ConfigError::file(&name, message)),
         }
@@ -35,18 +39,22 @@ pub fn compile_resources(
     super::compile_after(&files, errors, options)
 }
 
-fn raw_file(config: &RateLimitConfig) -> Result<RawFile, String> {
+fn raw_file(config: &RateLimitConfig, budget: bool) -> Result<RawFile, String> {
     Ok(RawFile {
         name: Some(config.name.clone()).filter(|n| !n.is_empty()),
         domain: Some(config.domain.clone()),
-        descriptors: Some(descriptors(&config.descriptors, 1)?),
+        descriptors: Some(descriptors(&config.descriptors, 1, budget)?),
         failure_mode: None,
         consistency: None,
     })
 }
 
 /// Descriptors at `depth` (1 for the top level), within the YAML loader's nesting bound.
-fn descriptors(list: &[RateLimitDescriptor], depth: usize) -> Result<Vec<RawDescriptor>, String> {
+fn descriptors(
+    list: &[RateLimitDescriptor],
+    depth: usize,
+    budget: bool,
+) -> Result<Vec<RawDescriptor>, String> {
     if !list.is_empty() && depth > MAX_NESTING {
         return Err(format!("descriptors nest deeper than {MAX_NESTING} levels"));
     }
@@ -55,9 +63,9 @@ fn descriptors(list: &[RateLimitDescriptor], depth: usize) -> Result<Vec<RawDesc
             Ok(RawDescriptor {
                 key: Some(d.key.clone()),
                 value: Some(d.value.clone()).filter(|v| !v.is_empty()),
-                rate_limit: d.rate_limit.as_ref().map(rate_limit),
+                rate_limit: d.rate_limit.as_ref().map(|p| rate_limit(p, budget)),
                 rate_limits: None,
-                descriptors: Some(descriptors(&d.descriptors, depth + 1)?)
+                descriptors: Some(descriptors(&d.descriptors, depth + 1, budget)?)
                     .filter(|n| !n.is_empty()),
                 shadow_mode: d.shadow_mode,
                 quota_mode: d.quota_mode,
@@ -73,7 +81,7 @@ fn descriptors(list: &[RateLimitDescriptor], depth: usize) -> Result<Vec<RawDesc
         .collect()
 }
 
-fn rate_limit(policy: &RateLimitPolicy) -> RawRateLimit {
+fn rate_limit(policy: &RateLimitPolicy, budget: bool) -> RawRateLimit {
     // UNKNOWN is "no unit": how an `unlimited` policy arrives.
     let unit = match RateLimitUnit::try_from(policy.unit) {
         Ok(RateLimitUnit::Unknown) => None,
@@ -96,7 +104,7 @@ fn rate_limit(policy: &RateLimitPolicy) -> RawRateLimit {
         }),
         algorithm: None,
         burst: None,
-        overdraft: false,
+        overdraft: budget && !policy.unlimited,
         unit_multiplier: None,
     }
 }
@@ -174,7 +182,7 @@ mod tests {
 
     #[test]
     fn envoy_gateway_rules_compile_with_unlimited_as_unit_unknown() {
-        let policy = compile_resources(&[gateway_config()], LoadOptions::default()).unwrap();
+        let policy = compile_resources(&[gateway_config()], LoadOptions::default(), &[]).unwrap();
         let text = policy.dump();
         assert!(text.contains("rule-0-match-0"), "{text}");
         assert!(text.contains("unit=HOUR requests_per_unit=3"), "{text}");
@@ -192,7 +200,7 @@ mod tests {
             ..Default::default()
         });
         let empty = RateLimitConfig::default();
-        let errors = compile_resources(&[bad, empty], LoadOptions::default()).unwrap_err();
+        let errors = compile_resources(&[bad, empty], LoadOptions::default(), &[]).unwrap_err();
         let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert!(
             text.iter()

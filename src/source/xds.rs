@@ -50,6 +50,9 @@ pub struct XdsSettings {
     pub force_start: bool,
     /// TLS to the control plane.
     pub tls: Option<XdsTls>,
+    /// Domains whose rules are usage budgets (`overdraft: true`), which the proto cannot
+    /// say; `*` for every domain (`XDS_USAGE_BUDGET_DOMAINS`).
+    pub usage_budget_domains: Vec<String>,
 }
 
 /// TLS to the control plane.
@@ -190,7 +193,8 @@ impl XdsSource {
         let version = response.version_info.clone();
         let nonce = response.nonce.clone();
         let load = self.load;
-        let compiled = tokio::task::spawn_blocking(move || compile(&response, load))
+        let budgets = self.settings.usage_budget_domains.clone();
+        let compiled = tokio::task::spawn_blocking(move || compile(&response, load, &budgets))
             .await
             .unwrap_or_else(|e| {
                 Err(vec![ConfigError::file(
@@ -294,7 +298,11 @@ impl XdsSource {
 }
 
 /// The policy of one response, or every reason it cannot be.
-fn compile(response: &DiscoveryResponse, load: LoadOptions) -> Result<Loaded, Vec<ConfigError>> {
+fn compile(
+    response: &DiscoveryResponse,
+    load: LoadOptions,
+    budgets: &[String],
+) -> Result<Loaded, Vec<ConfigError>> {
     let expected = type_url();
     if response.type_url != expected {
         return Err(vec![ConfigError::file(
@@ -326,7 +334,7 @@ fn compile(response: &DiscoveryResponse, load: LoadOptions) -> Result<Loaded, Ve
     if !errors.is_empty() {
         return Err(errors);
     }
-    let policy = proto::compile_resources(&configs, load)?;
+    let policy = proto::compile_resources(&configs, load, budgets)?;
     let mut files: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
     files.sort();
     Ok(Loaded { policy, files })

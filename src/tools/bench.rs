@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Descriptors per request
     #[arg(long, default_value = "1")]
     pub descriptors: usize,
+    /// Hits each request charges (its `hits_addend`; e.g. a usage report of 100 tokens
+    /// with `--key bench_budget`)
+    #[arg(long, default_value = "1")]
+    pub hits: u32,
     /// Requests in flight at once
     #[arg(long, default_value = "64")]
     pub concurrency: usize,
@@ -228,7 +232,7 @@ async fn work(
                     ..Default::default()
                 })
                 .collect(),
-            hits_addend: 1,
+            hits_addend: args.hits,
         };
         let sent = Instant::now();
         let result = client.should_rate_limit(request).await;

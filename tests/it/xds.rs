@@ -398,3 +398,40 @@ async fn envoy_gateways_environment_works_unchanged() {
     assert_eq!(check(), Some(0));
     assert_eq!(check(), Some(2), "OVER_LIMIT: two an hour");
 }
+
+/// Envoy Gateway's usage budgets (`cost.response`) arrive as plain rules: the proto cannot
+/// say "budget". With the domain in `XDS_USAGE_BUDGET_DOMAINS` its rules are usage budgets:
+/// the stream-done report that crosses the limit counts, the next check is refused; another
+/// domain's rules still charge nothing when refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_domains_named_as_usage_budgets_count_every_report() {
+    let plane = Running::start().await;
+    let other = RateLimitConfig {
+        name: "default/eg/other".into(),
+        domain: "default/eg/other".into(),
+        ..gateway(100)
+    };
+    plane.serve("1", &[gateway(100), other]);
+    let mut settings = settings(&plane, false);
+    if let Some(xds) = settings.xds.as_mut() {
+        xds.usage_budget_domains = vec!["default/eg/http".into()];
+    }
+    let server = TestServer::start_with(settings).await;
+    assert_eq!(plane.reply_to("1").await.version_info, "1");
+    let limited = spec("rule-0-match-0");
+    for (domain, counted) in [("default/eg/http", 130), ("default/eg/other", 80)] {
+        let client = server.domain(domain);
+        assert!(client.charges(&[(&limited, 80)]).await.is_ok());
+        // The crossing report: refused either way, counted only on the budget.
+        assert!(client.charges(&[(&limited, 50)]).await.is_over_limit());
+        let check = client.charges(&[(&limited, 0)]).await;
+        let left = check.remaining()[0];
+        assert_eq!(
+            (check.is_over_limit(), left),
+            (counted > 100, 100u32.saturating_sub(counted)),
+            "{domain}: {counted} used"
+        );
+    }
+    let (_, page) = http_get(server.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("overdraft: true"), "{page}");
+}

@@ -86,6 +86,11 @@ pub struct XdsArgs {
     /// Name the control plane's certificate must be valid for [default: the URL's host]
     #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_TLS_SAN")]
     config_grpc_xds_server_tls_san: Option<String>,
+
+    /// Domains whose xDS rules are usage budgets (overdraft: true), separated by commas; *
+    /// for every domain (the proto has no field for it)
+    #[arg(long, env = "XDS_USAGE_BUDGET_DOMAINS", default_value = "")]
+    xds_usage_budget_domains: String,
 }
 
 /// Most bytes of a control-plane message by default (tonic's default limit).
@@ -151,6 +156,13 @@ impl XdsArgs {
                 &self.config_grpc_xds_client_additional_headers,
             )?,
             connect_timeout: self.config_grpc_xds_server_connect_retry_interval,
+            usage_budget_domains: self
+                .xds_usage_budget_domains
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_owned)
+                .collect(),
             backoff_initial: self.xds_client_backoff_initial_interval,
             backoff_max: self
                 .xds_client_backoff_max_interval

@@ -176,6 +176,7 @@ impl Running {
             max_message_bytes: 4 * 1024 * 1024,
             force_start: false,
             tls: None,
+            usage_budget_domains: Vec::new(),
         }
     }
 
