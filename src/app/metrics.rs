@@ -81,6 +81,7 @@ impl Metrics {
     /// The Prometheus text exposition, with the store's state read now.
     pub fn render(&self, store: &StoreStatus) -> String {
         self.store.observe(store);
+        self.rules.sweep_idle_overrides();
         self.registry.render()
     }
 }

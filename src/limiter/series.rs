@@ -1,7 +1,9 @@
 //! Per-rule metrics, the limiter's observer: hits by rule as the reference service counts
 //! them (`ratelimit_service_rate_limit_*`), requests for unknown domains, and the global
-//! shadow mode's saves. Series of rules with `detailed_metric`/`value_to_metric` carry request
-//! values and are capped (past the cap: one `__overflow__` series, counted).
+//! shadow mode's saves. Series of rules with `detailed_metric`/`value_to_metric`, and of
+//! requests' limit overrides (named by the request's keys), carry request text and are
+//! capped together (past the cap: one `__overflow__` series, counted); an override's series
+//! goes away once no request has used it for [`OVERRIDE_IDLE`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,6 +17,13 @@ use crate::policy::Policy;
 
 /// Label value of the series that takes hits past the detailed-series cap.
 pub const OVERFLOW: &str = "__overflow__";
+
+/// An override's series unused this long is removed (at the next scrape, or the next new
+/// series), freeing its place under the cap.
+pub const OVERRIDE_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How often (seconds) a full cap looks for idle override series to remove.
+const SWEEP_EVERY: u64 = 10;
 
 /// Most unknown domains counted in `ratelimit_service_domain_not_found` series of their own
 /// (they come from requests); the rest are counted under `domain="__overflow__"`.
@@ -38,6 +47,12 @@ pub struct RuleSeries {
     /// Unknown domains with a series of their own, against [`MAX_UNKNOWN_DOMAINS`].
     unknown_domains: Mutex<HashSet<String>>,
     global_shadow_mode: IntCounter,
+    /// What override series' last use is measured from.
+    started: std::time::Instant,
+    /// When a full cap last looked for idle override series (seconds from `started`).
+    last_sweep: std::sync::atomic::AtomicU64,
+    /// Seconds added to `started`'s clock (tests move it; 0 otherwise).
+    skew: std::sync::atomic::AtomicU64,
 }
 
 struct RuleMetrics {
@@ -61,6 +76,8 @@ struct RuleHandles {
     /// A usage budget's: units charged, and of those the units past its limit (series only
     /// for rules with a budget).
     budget: Option<(IntCounter, IntCounter)>,
+    /// For an override's series: when a request last used it (seconds from `started`).
+    last_used: std::sync::atomic::AtomicU64,
 }
 
 const RULE_LABELS: [&str; 4] = ["domain", "rule", "key1", "key2"];
@@ -136,6 +153,45 @@ impl RuleSeries {
                 "ratelimit_service_global_shadow_mode",
                 "Requests over the limit that the global SHADOW_MODE answered OK",
             ),
+            started: std::time::Instant::now(),
+            last_sweep: Default::default(),
+            skew: Default::default(),
+        }
+    }
+
+    fn now_secs(&self) -> u64 {
+        self.started.elapsed().as_secs() + self.skew.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Moves this series' clock `secs` ahead (for tests of idle series).
+    #[cfg(test)]
+    pub(crate) fn advance(&self, secs: u64) {
+        self.skew
+            .fetch_add(secs, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Removes the override series no request has used for [`OVERRIDE_IDLE`], and their
+    /// places under the cap.
+    pub fn sweep_idle_overrides(&self) {
+        let now = self.now_secs();
+        let idle = OVERRIDE_IDLE.as_secs();
+        let mut handles = self.handles.write();
+        let mut detailed = self.detailed.lock();
+        handles.retain(|labels, (owner, h)| {
+            let last = h.last_used.load(std::sync::atomic::Ordering::Relaxed);
+            let keep = owner.is_some() || labels[1] == OVERFLOW || now.saturating_sub(last) < idle;
+            if !keep {
+                self.remove_series(labels);
+                detailed.remove(labels);
+            }
+            keep
+        });
+    }
+
+    fn remove_series(&self, labels: &Labels) {
+        let values: Vec<&str> = labels.iter().map(String::as_str).collect();
+        for vec in self.rules.all() {
+            let _ = vec.remove_label_values(&values);
         }
     }
 
@@ -153,10 +209,7 @@ impl RuleSeries {
         handles.retain(|labels, (owner, _)| {
             let keep = owner.as_deref().is_none_or(|o| live.contains(o));
             if !keep {
-                let values: Vec<&str> = labels.iter().map(String::as_str).collect();
-                for vec in self.rules.all() {
-                    let _ = vec.remove_label_values(&values);
-                }
+                self.remove_series(labels);
                 detailed.remove(labels);
             }
             keep
@@ -186,6 +239,7 @@ impl RuleSeries {
                     r.budget_overdraft.with_label_values(&values),
                 )
             }),
+            last_used: self.now_secs().into(),
         });
         self.handles
             .write()
@@ -199,16 +253,18 @@ impl RuleSeries {
     /// runtime values they carry).
     fn labels(&self, event: &LimitEvent<'_>) -> ([String; 4], bool) {
         let Some(rule) = event.rule else {
-            // A request override: name it by its keys, never its values.
-            let keys: Vec<&str> = event
+            // A request override: name it by its keys, never its values. The keys are request
+            // text too: shortened, and capped with the detailed series.
+            let keys: Vec<std::borrow::Cow<'_, str>> = event
                 .descriptor
                 .entries
                 .iter()
-                .map(|e| e.key.as_str())
+                .map(|e| label_value(&e.key))
                 .collect();
-            let rule = format!("{}.{}", event.domain, keys.join("."));
-            let key = |i: usize| keys.get(i).map_or(String::new(), |k| (*k).to_owned());
-            return ([event.domain.to_owned(), rule, key(0), key(1)], false);
+            let rule = label_value(&format!("{}.{}", event.domain, keys.join("."))).into_owned();
+            let key = |i: usize| keys.get(i).map_or(String::new(), |k| k.to_string());
+            let domain = label_value(event.domain).into_owned();
+            return ([domain, rule, key(0), key(1)], true);
         };
         let detailed = rule.detailed_metric || rule.value_to_metric;
         let detailed_empty = rule.detailed_metric && rule.shared.iter().all(Option::is_none);
@@ -258,6 +314,28 @@ impl RuleSeries {
     ) -> Arc<RuleHandles> {
         let (mut labels, detailed) = self.labels(event);
         if detailed {
+            let full = {
+                let seen = self.detailed.lock();
+                !seen.contains(&labels) && seen.len() >= self.max_detailed
+            };
+            // A full cap may hold idle override series: look for them at most every
+            // [`SWEEP_EVERY`] (not on every request of a flood of new key sets).
+            let now = self.now_secs();
+            let last = self.last_sweep.load(std::sync::atomic::Ordering::Relaxed);
+            if full
+                && now.saturating_sub(last) >= SWEEP_EVERY
+                && self
+                    .last_sweep
+                    .compare_exchange(
+                        last,
+                        now,
+                        std::sync::atomic::Ordering::Relaxed,
+                        std::sync::atomic::Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                self.sweep_idle_overrides();
+            }
             let mut seen = self.detailed.lock();
             if !seen.contains(&labels) {
                 if seen.len() >= self.max_detailed {
@@ -274,6 +352,10 @@ impl RuleSeries {
             }
         }
         let h = self.handles(labels, event.rule);
+        if event.rule.is_none() {
+            h.last_used
+                .store(self.now_secs(), std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(rule) = plain {
             self.by_rule
                 .write()

@@ -397,3 +397,62 @@ async fn the_global_shadow_mode_counts_the_requests_it_let_through() {
         .find_map(|l| l.strip_prefix("ratelimit_service_global_shadow_mode "));
     assert_eq!(shadowed, Some("3"));
 }
+
+/// A request whose descriptor carries its own limit (Envoy's `limit` override).
+fn override_request(key: &str) -> Request {
+    let mut descriptor = Descriptor::of(&[(key, "v")], 1);
+    descriptor.limit = Some(crate::limiter::LimitOverride {
+        requests_per_unit: 5,
+        unit: crate::policy::Unit::Minute,
+    });
+    Request::of("m", vec![descriptor])
+}
+
+#[tokio::test]
+async fn override_series_are_capped_shortened_and_go_away_when_idle() {
+    let metrics = Arc::new(Metrics::new(0.8, 2));
+    let limiter = limiter(&metrics);
+    let huge = "k".repeat(1 << 20);
+    for key in [huge.as_str(), "b", "c", "d"] {
+        limiter.check(&override_request(key)).await.unwrap();
+    }
+    let text = metrics.render();
+    assert!(
+        text.len() < 64 * 1024,
+        "a 1 MiB key made /metrics {} bytes",
+        text.len()
+    );
+    let b = r#"domain="m",key1="b",key2="",rule="m.b""#;
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_total_hits", b),
+        Some(1)
+    );
+    let overflow = r#"domain="m",key1="",key2="",rule="__overflow__""#;
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_total_hits", overflow),
+        Some(2),
+        "past the cap of 2: {text}"
+    );
+    // Used again within the idle time, "b" stays; unused, the huge key's series goes.
+    metrics.series.advance(OVERRIDE_IDLE.as_secs() - 1);
+    limiter.check(&override_request("b")).await.unwrap();
+    metrics.series.advance(2);
+    metrics.series.sweep_idle_overrides();
+    let text = metrics.render();
+    assert_eq!(
+        sample(&text, "ratelimit_service_rate_limit_total_hits", b),
+        Some(2)
+    );
+    assert!(!text.contains("kkkk"), "{text}");
+    // Its place under the cap is free again: a new override gets a series of its own.
+    limiter.check(&override_request("e")).await.unwrap();
+    let e = r#"domain="m",key1="e",key2="",rule="m.e""#;
+    assert_eq!(
+        sample(
+            &metrics.render(),
+            "ratelimit_service_rate_limit_total_hits",
+            e
+        ),
+        Some(1)
+    );
+}
