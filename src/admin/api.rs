@@ -93,9 +93,10 @@ impl Admin for AdminService {
                 authorization.as_deref(),
                 certs.as_deref().map(Vec::as_slice),
             )
+            .await
             .map_err(|refusal| {
                 self.access.refused("grpc", &refusal);
-                tracing::warn!(?peer, reason = %refusal.message(), "counter reset refused");
+                tracing::warn!(?peer, reason = %refusal.log_reason(), "counter reset refused");
                 match refusal {
                     super::reset::Refusal::Disabled(_) => {
                         Status::permission_denied(refusal.message())

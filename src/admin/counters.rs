@@ -65,11 +65,11 @@ pub(super) async fn delete(
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let who = match state.reset.authorize(authorization, None) {
+    let who = match state.reset.authorize(authorization, None).await {
         Ok(who) => who,
         Err(refusal) => {
             state.reset.refused("http", &refusal);
-            tracing::warn!(?peer, reason = %refusal.message(), "counter reset refused");
+            tracing::warn!(?peer, reason = %refusal.log_reason(), "counter reset refused");
             return refusal_response(&refusal);
         }
     };

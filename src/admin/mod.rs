@@ -35,7 +35,10 @@ use crate::source::SharedConfigInfo;
 
 pub use crate::source::ConfigInfo;
 pub use api::AdminService;
-pub use reset::{MAX_TOKEN_BYTES, Refusal, ResetAccess, ResetSettings, read_token};
+pub use reset::{
+    MAX_TOKEN_BYTES, Refusal, ResetAccess, ResetSettings, TOKEN_READ_DEADLINE,
+    TOKEN_STARTUP_DEADLINE, read_token, read_token_within,
+};
 
 /// What the admin handlers share.
 #[derive(Clone)]

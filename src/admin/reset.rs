@@ -5,6 +5,9 @@
 //! `sluice_counter_resets_total{via, outcome}`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use prometheus::{IntCounterVec, Registry};
 use rustls::pki_types::CertificateDer;
@@ -23,10 +26,27 @@ pub struct ResetSettings {
     pub client_san: Option<String>,
 }
 
+/// How long a reset waits for the token file to be read (a file on a mount that hangs must
+/// not hold the reset, let alone the server).
+pub const TOKEN_READ_DEADLINE: Duration = Duration::from_secs(1);
+
+/// How long start-up waits for the token file to be read.
+pub const TOKEN_STARTUP_DEADLINE: Duration = Duration::from_secs(5);
+
 /// Reads the token in `path`: its content without surrounding whitespace (a Kubernetes
 /// Secret written with a trailing newline is the same token), at most [`MAX_TOKEN_BYTES`].
+/// Anything but a regular file (a FIFO, whose read would wait for a writer; a directory; a
+/// device) is refused before it is opened. This blocks on a mount that hangs: callers on the
+/// runtime use [`read_token_within`].
 pub fn read_token(path: &Path) -> Result<String, String> {
     use std::io::Read as _;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{}: not a regular file (a token file must be one; a FIFO, directory or device is refused)",
+            path.display()
+        ));
+    }
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut raw = Vec::new();
     file.take(MAX_TOKEN_BYTES + 1)
@@ -49,6 +69,26 @@ pub fn read_token(path: &Path) -> Result<String, String> {
     Ok(token.to_owned())
 }
 
+/// [`read_token`] on a thread of its own, given up after `deadline` (the thread finishes in
+/// the background if the file system ever answers).
+pub fn read_token_within(path: &Path, deadline: Duration) -> Result<String, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let owned = path.to_owned();
+    std::thread::Builder::new()
+        .name("sluice-token-read".into())
+        .spawn(move || {
+            let _ = tx.send(read_token(&owned));
+        })
+        .map_err(|e| format!("{}: cannot start a thread to read it: {e}", path.display()))?;
+    rx.recv_timeout(deadline).unwrap_or_else(|_| {
+        Err(format!(
+            "{}: not read within {} ms (a mount that does not answer?)",
+            path.display(),
+            deadline.as_millis()
+        ))
+    })
+}
+
 /// Why a reset was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -56,17 +96,28 @@ pub enum Refusal {
     Disabled(&'static str),
     /// Resets are on, but the caller's credentials are missing or wrong.
     Unauthenticated(String),
-    /// The token file cannot be read now.
+    /// The token file cannot be read now; why, for the log only.
     Unavailable(String),
 }
 
 impl Refusal {
-    /// The message the caller gets.
+    /// The message the caller gets. It never names the token file or the system's error:
+    /// the caller has not proven who it is ([`Refusal::log_reason`] has the detail).
     pub fn message(&self) -> String {
         match self {
             Refusal::Disabled(how) => format!("counter reset is off: {how}"),
             Refusal::Unauthenticated(why) => format!("counter reset refused: {why}"),
+            Refusal::Unavailable(_) => {
+                "counter reset unavailable: the reset token cannot be read now (the server's log says why)".into()
+            }
+        }
+    }
+
+    /// The reason as the server logs it (with the token file's problem).
+    pub fn log_reason(&self) -> String {
+        match self {
             Refusal::Unavailable(why) => format!("counter reset unavailable: {why}"),
+            other => other.message(),
         }
     }
 
@@ -84,6 +135,9 @@ pub struct ResetAccess {
     settings: ResetSettings,
     name: Option<rustls::pki_types::ServerName<'static>>,
     resets: IntCounterVec,
+    /// Whether a read of the token file is in flight (at most one: a file system that hangs
+    /// holds one thread, not one per attempt).
+    reading: Arc<AtomicBool>,
 }
 
 impl ResetAccess {
@@ -103,6 +157,7 @@ impl ResetAccess {
             settings,
             name,
             resets,
+            reading: Arc::default(),
         }
     }
 
@@ -112,8 +167,9 @@ impl ResetAccess {
     }
 
     /// Who is asking, from an `authorization` header value and the client's certificate
-    /// chain (leaf first; mutual-TLS gRPC only): `Ok` names them for the log.
-    pub fn authorize(
+    /// chain (leaf first; mutual-TLS gRPC only): `Ok` names them for the log. The token file
+    /// is read off the runtime, within [`TOKEN_READ_DEADLINE`].
+    pub async fn authorize(
         &self,
         authorization: Option<&str>,
         peer_certs: Option<&[CertificateDer<'static>]>,
@@ -144,11 +200,46 @@ impl ResetAccess {
                 "send `authorization: Bearer <token>` (the token in ADMIN_RESET_TOKEN_FILE)".into(),
             ));
         };
-        let token = read_token(path).map_err(Refusal::Unavailable)?;
+        let token = self.read(path).await.map_err(Refusal::Unavailable)?;
         if constant_time_eq(sent.trim().as_bytes(), token.as_bytes()) {
             Ok("bearer token".into())
         } else {
             Err(Refusal::Unauthenticated("wrong bearer token".into()))
+        }
+    }
+
+    /// The token, read on a blocking thread, one read at a time, within the deadline.
+    async fn read(&self, path: &Path) -> Result<String, String> {
+        if self
+            .reading
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(format!(
+                "{}: an earlier read has not returned (a mount that does not answer?)",
+                path.display()
+            ));
+        }
+        struct Done(Arc<AtomicBool>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let done = Done(self.reading.clone());
+        let owned = path.to_owned();
+        let read = tokio::task::spawn_blocking(move || {
+            let _done = done;
+            read_token(&owned)
+        });
+        match tokio::time::timeout(TOKEN_READ_DEADLINE, read).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => Err(format!("{}: the read failed: {e}", path.display())),
+            Err(_) => Err(format!(
+                "{}: not read within {} ms (a mount that does not answer?)",
+                path.display(),
+                TOKEN_READ_DEADLINE.as_millis()
+            )),
         }
     }
 
@@ -186,11 +277,11 @@ mod tests {
         path
     }
 
-    #[test]
-    fn resets_are_off_until_enabled_and_need_the_exact_token() {
+    #[tokio::test]
+    async fn resets_are_off_until_enabled_and_need_the_exact_token() {
         let off = ResetAccess::new(ResetSettings::default(), &Registry::new());
         assert!(matches!(
-            off.authorize(Some("Bearer x"), None),
+            off.authorize(Some("Bearer x"), None).await,
             Err(Refusal::Disabled(_))
         ));
         let settings = ResetSettings {
@@ -203,7 +294,10 @@ mod tests {
             "bearer s3cret-token",
             "BEARER  s3cret-token",
         ] {
-            assert_eq!(on.authorize(Some(right), None), Ok("bearer token".into()));
+            assert_eq!(
+                on.authorize(Some(right), None).await,
+                Ok("bearer token".into())
+            );
         }
         for wrong in [
             None,
@@ -214,7 +308,10 @@ mod tests {
             Some("Basic s3cret-token"),
         ] {
             assert!(
-                matches!(on.authorize(wrong, None), Err(Refusal::Unauthenticated(_))),
+                matches!(
+                    on.authorize(wrong, None).await,
+                    Err(Refusal::Unauthenticated(_))
+                ),
                 "{wrong:?}"
             );
         }

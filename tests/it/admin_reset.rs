@@ -235,3 +235,97 @@ fn every_reset_attempt_is_logged_with_who_asked() {
         refused && done
     });
 }
+
+/// `mkfifo path`: a FIFO, whose plain read would wait for a writer forever.
+fn mkfifo(path: &std::path::Path) {
+    let _ = std::fs::remove_file(path);
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+}
+
+/// A token file that turns into a FIFO (or any file no read can finish) wedges nothing: the
+/// reset answers 503 at once without naming the file or the system's error (the log does),
+/// decisions and the health check go on, and a token file that is fixed works again. At
+/// start-up such a file is an error naming the variable, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_file_that_cannot_be_read_blocks_nothing_and_names_nothing() {
+    let token = token_file("admin-token-fifo", "fifo-token");
+    let dir = config_dir("admin-fifo", &[("m.yaml", crate::common::admin::MATCHING)]);
+    let sluice = SluiceProcess::spawn_with_env(
+        &dir,
+        &[],
+        &[("ADMIN_RESET_TOKEN_FILE", token.to_str().unwrap())],
+    );
+    let http_addr = sluice.http.parse().unwrap();
+    let delete = || async move {
+        crate::common::http_with_headers(
+            http_addr,
+            "DELETE",
+            "/counters?domain=m&entry=k=exact",
+            &[("authorization", "Bearer anything")],
+            "",
+        )
+        .await
+        .unwrap()
+    };
+    mkfifo(&token);
+    for _ in 0..3 {
+        let (status, body) = delete().await;
+        assert_eq!(status, 503, "{body}");
+        let path = token.to_str().unwrap();
+        assert!(
+            !body.contains(path) && !body.contains("admin-token-fifo") && !body.contains("regular"),
+            "the unauthenticated caller learns nothing of the file: {body}"
+        );
+    }
+    let (status, _) = http_get(http_addr, "/healthcheck").await.unwrap();
+    assert_eq!(status, 200);
+    let m = crate::common::DomainClient::connect(&sluice.grpc, "m");
+    assert!(m.hit("k=exact").await.is_ok(), "decisions go on");
+    crate::common::eventually_blocking("the log names the file and why", || {
+        sluice.log.lock().iter().any(|l| {
+            l.contains("counter reset refused")
+                && l.contains("admin-token-fifo")
+                && l.contains("not a regular file")
+        })
+    });
+    // Fixed: a regular file again, and the right token resets.
+    std::fs::remove_file(&token).unwrap();
+    std::fs::write(&token, "fifo-token").unwrap();
+    let (status, body) = crate::common::http_with_headers(
+        http_addr,
+        "DELETE",
+        "/counters?domain=m&entry=k=exact",
+        &[("authorization", "Bearer fifo-token")],
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    drop(sluice);
+
+    // At start-up: exit 64 with the variable named, at once.
+    mkfifo(&token);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&dir)
+        .env("ADMIN_RESET_TOKEN_FILE", &token)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    crate::common::eventually_blocking("start-up to give up on the FIFO", || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.unwrap().code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("ADMIN_RESET_TOKEN_FILE") && stderr.contains("not a regular file"),
+        "{stderr}"
+    );
+}

@@ -34,7 +34,8 @@ impl AdminArgs {
             .clone()
             .filter(|p| !p.as_os_str().is_empty());
         if let Some(path) = &token_file {
-            crate::admin::read_token(path).map_err(|e| named(&["admin_reset_token_file"], e))?;
+            crate::admin::read_token_within(path, crate::admin::TOKEN_STARTUP_DEADLINE)
+                .map_err(|e| named(&["admin_reset_token_file"], e))?;
         }
         let client_san = self
             .admin_reset_client_san
