@@ -83,7 +83,7 @@ async fn run() -> ExitCode {
             let options = config::LoadOptions {
                 merge_domains: merge_domain_config,
             };
-            match config::load_dir(&dir, options) {
+            match config::load_dir_within(&dir, options, sluice::source::LOAD_DEADLINE) {
                 Ok(_) => {
                     let _ = writeln!(std::io::stdout(), "all rate limit configs ok");
                     ExitCode::SUCCESS

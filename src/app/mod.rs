@@ -24,7 +24,9 @@ use crate::net::http;
 use crate::net::tls::ReloadingTls;
 use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::Settings;
-use crate::source::{ConfigInfo, PolicySwap, ReloadOptions, Reloader, SharedConfigInfo, XdsSource};
+use crate::source::{
+    ConfigInfo, LOAD_DEADLINE, PolicySwap, ReloadOptions, Reloader, SharedConfigInfo, XdsSource,
+};
 
 mod listeners;
 mod metrics;
@@ -121,8 +123,8 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
             format!("xds {} (node {})", xds.server_url, xds.node_id),
         ),
         None => {
-            let loaded =
-                config::load_dir(&settings.config_dir, options).map_err(AppError::Config)?;
+            let loaded = config::load_dir_within(&settings.config_dir, options, LOAD_DEADLINE)
+                .map_err(AppError::Config)?;
             metrics.config().loaded(true);
             (loaded, settings.config_dir.display().to_string())
         }
@@ -430,6 +432,7 @@ impl Prepared {
                 },
                 interval: self.settings.config_watch_interval,
                 settle: std::time::Duration::from_millis(250),
+                deadline: LOAD_DEADLINE,
             },
             self.policy_swap(),
         )

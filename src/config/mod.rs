@@ -78,6 +78,39 @@ pub fn load_dir(dir: &Path, options: LoadOptions) -> Result<Loaded, Vec<ConfigEr
     }
 }
 
+/// [`load_dir`] on a thread of its own, given up after `deadline` with an error naming the
+/// directory (the thread finishes in the background if the file system ever answers): for
+/// start-up, which must fail rather than hang on a mount that does not answer.
+pub fn load_dir_within(
+    dir: &Path,
+    options: LoadOptions,
+    deadline: std::time::Duration,
+) -> Result<Loaded, Vec<ConfigError>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let owned = dir.to_owned();
+    let shown = dir.display().to_string();
+    let spawned = std::thread::Builder::new()
+        .name("sluice-config-load".into())
+        .spawn(move || {
+            let _ = tx.send(load_dir(&owned, options));
+        });
+    if let Err(e) = spawned {
+        return Err(vec![ConfigError::file(
+            &shown,
+            format!("cannot start a thread to load it: {e}"),
+        )]);
+    }
+    rx.recv_timeout(deadline).unwrap_or_else(|_| {
+        Err(vec![ConfigError::file(
+            &shown,
+            format!(
+                "config load did not finish within {} s (a file or mount that does not answer?)",
+                deadline.as_secs_f64()
+            ),
+        )])
+    })
+}
+
 /// The policy of one config file holding `yaml`; panics on config errors. For unit tests.
 #[cfg(test)]
 pub(crate) fn policy_for_tests(yaml: &str) -> Policy {

@@ -20,7 +20,7 @@ use crate::config::{ConfigError, Loaded};
 use crate::limiter::Limiter;
 use crate::metrics::counter;
 
-pub use watch::{ReloadOptions, Reloader};
+pub use watch::{LOAD_DEADLINE, ReloadOptions, Reloader};
 pub use xds::XdsSource;
 
 /// Where the policy in force came from, and how the last reload went (for `/rlconfig`).
@@ -97,6 +97,11 @@ impl PolicySwap {
             metrics,
             info,
         }
+    }
+
+    /// The domains of the policy in force.
+    pub fn domain_count(&self) -> usize {
+        self.limiter.policy().domain_count()
     }
 
     /// Swaps in a loaded policy, or keeps the old one and says why; returns whether it swapped.

@@ -15,6 +15,12 @@
 //!
 //! Counters live in the store under keys derived from the rules, so the counters of rules a
 //! reload leaves unchanged carry on.
+//!
+//! Nothing the directory holds can stall the reloader: a load (and each fingerprint) runs on a
+//! blocking thread under [`ReloadOptions::deadline`], one at a time, and one that does not
+//! finish is reported like any other error while the policy in force keeps serving; a reload
+//! that finds no domain at all where the policy in force has some (the only file replaced by
+//! a directory, a mount gone wrong) keeps the policy and says why.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -33,12 +39,21 @@ pub struct ReloadOptions {
     pub interval: Duration,
     /// How long a change must stay still before it is loaded.
     pub settle: Duration,
+    /// How long a load (reading, parsing, compiling) may take before it is given up.
+    pub deadline: Duration,
 }
+
+/// The default [`ReloadOptions::deadline`]: far above what the size bounds let a load take
+/// (seconds), far below "never".
+pub const LOAD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The reloader's handles on the running service.
 pub struct Reloader {
     options: ReloadOptions,
     swap: PolicySwap,
+    /// Whether a blocking thread of ours is still reading the directory (at most one: a file
+    /// system that hangs holds one thread, not one per attempt).
+    busy: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What identifies the state of the config files.
@@ -47,23 +62,77 @@ type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
 impl Reloader {
     /// A reloader that loads as `options` say and swaps through `swap`.
     pub fn new(options: ReloadOptions, swap: PolicySwap) -> Self {
-        Self { options, swap }
+        Self {
+            options,
+            swap,
+            busy: Default::default(),
+        }
     }
 
-    /// Loads the directory now (on a blocking thread) and swaps the policy in if it is
-    /// valid; returns whether it was.
+    /// Loads the directory now (on a blocking thread, within the deadline) and swaps the
+    /// policy in if it is valid; returns whether it was.
     pub async fn reload(&self, reason: &str) -> bool {
         let (dir, load) = (self.options.dir.clone(), self.options.load);
-        let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir, load))
-            .await
-            .unwrap_or_else(|e| {
-                let dir = self.options.dir.display().to_string();
-                Err(vec![ConfigError::file(
-                    &dir,
-                    format!("config load failed: {e}"),
-                )])
-            });
+        let shown = self.options.dir.display().to_string();
+        let loaded = match self.off_runtime(move || config::load_dir(&dir, load)).await {
+            Ok(loaded) => loaded,
+            Err(why) => Err(vec![ConfigError::file(&shown, why)]),
+        };
+        let loaded = loaded.and_then(|loaded| {
+            let before = self.swap.domain_count();
+            if loaded.policy.domain_count() == 0 && before > 0 {
+                return Err(vec![ConfigError::file(
+                    &shown,
+                    format!(
+                        "no domain found ({} config files read) where {before} are in force: an empty config directory is taken for a mistake (a file replaced by a directory, a mount gone wrong); restart to run without rules",
+                        loaded.files.len()
+                    ),
+                )]);
+            }
+            Ok(loaded)
+        });
         self.swap.apply(loaded, reason)
+    }
+
+    /// Runs `work` on a blocking thread and waits at most the deadline; refuses while an
+    /// earlier call's thread has not returned.
+    async fn off_runtime<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
+        use std::sync::atomic::Ordering;
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err("an earlier read of the config directory has not returned (a file or mount that does not answer?)".into());
+        }
+        struct Done(std::sync::Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let done = Done(self.busy.clone());
+        let task = tokio::task::spawn_blocking(move || {
+            let _done = done;
+            work()
+        });
+        match tokio::time::timeout(self.options.deadline, task).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(format!("config load failed: {e}")),
+            Err(_) => Err(format!(
+                "config load did not finish within {} s (a file or mount that does not answer?)",
+                self.options.deadline.as_secs_f64()
+            )),
+        }
+    }
+
+    /// The directory's fingerprint, off the runtime; `None` when it cannot be taken now.
+    async fn fingerprint(&self) -> Option<Fingerprint> {
+        let dir = self.options.dir.clone();
+        self.off_runtime(move || fingerprint(&dir)).await.ok()
     }
 
     /// Watches until `shutdown` resolves; a reload under way is then abandoned (its thread
@@ -76,7 +145,7 @@ impl Reloader {
     }
 
     async fn watch(self, mut hangup: Hangup, shutdown: impl Future<Output = ()>) {
-        let mut last = fingerprint(&self.options.dir);
+        let mut last = self.fingerprint().await.unwrap_or_default();
         let polling = !self.options.interval.is_zero();
         let mut tick = tokio::time::interval(if polling {
             self.options.interval
@@ -93,10 +162,13 @@ impl Reloader {
                         _ = &mut shutdown => return,
                         _ = self.reload("SIGHUP") => {}
                     }
-                    last = fingerprint(&self.options.dir);
+                    last = self.fingerprint().await.unwrap_or(last);
                 }
                 _ = tick.tick(), if polling => {
-                    let now = fingerprint(&self.options.dir);
+                    // A fingerprint that cannot be taken now changes nothing.
+                    let Some(now) = self.fingerprint().await else {
+                        continue;
+                    };
                     if now == last {
                         continue;
                     }
@@ -106,7 +178,7 @@ impl Reloader {
                         let mut settled = now;
                         loop {
                             tokio::time::sleep(self.options.settle).await;
-                            let again = fingerprint(&self.options.dir);
+                            let again = self.fingerprint().await.unwrap_or_else(|| settled.clone());
                             if again == settled {
                                 break;
                             }

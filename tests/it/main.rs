@@ -12,6 +12,7 @@ mod algorithms_server;
 mod budget_fleet;
 mod budget_numbers;
 mod cli;
+mod config_hostile;
 mod config_validation;
 mod connections;
 mod envoy;
