@@ -6,6 +6,10 @@
 //! - a handshake deadline: a connection must have sent its first [`FIRST_BYTES`] bytes (the
 //!   HTTP/2 client preface, or the start of an HTTP/1 request) within `handshake_timeout` of
 //!   being accepted, TLS handshake included, or its reads fail and the server drops it;
+//! - at most [`MAX_HANDSHAKING`] connections still in their handshake at once: past it, and
+//!   whenever `accept` fails for want of a file descriptor, the oldest of them is closed, so
+//!   a flood of connections that send nothing cycles through a bounded set of descriptors and
+//!   a fresh client is accepted within moments instead of after a handshake timeout;
 //! - TCP keepalive on every accepted socket, so connections to vanished peers end.
 //!
 //! Once the first bytes are in, reads go straight to the socket: the hot path pays one
@@ -21,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::codegen::tokio_stream::StreamExt as _;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpIncoming};
@@ -33,8 +38,41 @@ pub const FIRST_BYTES: usize = 24;
 /// Idle time before the kernel probes a silent peer.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
-/// Pause after a failed `accept` (e.g. out of file descriptors) before the next.
+/// Pause after a failed `accept` (e.g. out of file descriptors) before the next, when no
+/// connection in its handshake can be closed to make room.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Most connections of one listener still in their handshake (TLS and the first bytes).
+pub const MAX_HANDSHAKING: usize = 256;
+
+/// The connections of one listener still in their handshake, oldest first, each with the
+/// token that closes it.
+#[derive(Default)]
+struct Handshaking {
+    next: u64,
+    open: std::collections::BTreeMap<u64, CancellationToken>,
+}
+
+/// A connection's place among those in their handshake: dropped when the handshake is over
+/// (or the connection is), cancelled when the listener needs the room.
+pub struct Ticket {
+    id: u64,
+    token: CancellationToken,
+    table: Arc<parking_lot::Mutex<Handshaking>>,
+}
+
+impl Ticket {
+    /// Resolves when the listener closes this connection to make room.
+    pub fn evicted(&self) -> WaitForCancellationFutureOwned {
+        self.token.clone().cancelled_owned()
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.table.lock().open.remove(&self.id);
+    }
+}
 
 /// How many connections a listener keeps, and how long a new one has to start talking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +88,7 @@ pub struct Acceptor {
     incoming: TcpIncoming,
     permits: Arc<Semaphore>,
     handshake_timeout: Duration,
+    handshaking: Arc<parking_lot::Mutex<Handshaking>>,
 }
 
 /// An accepted connection, holding its place under the limit until dropped.
@@ -60,6 +99,8 @@ pub struct Accepted {
     pub permit: OwnedSemaphorePermit,
     /// When the handshake must be over.
     pub deadline: Instant,
+    /// Its place among the connections in their handshake.
+    pub ticket: Ticket,
 }
 
 impl Acceptor {
@@ -71,6 +112,32 @@ impl Acceptor {
                 .with_keepalive(Some(TCP_KEEPALIVE)),
             permits: Arc::new(Semaphore::new(limits.max_connections)),
             handshake_timeout: limits.handshake_timeout,
+            handshaking: Arc::default(),
+        }
+    }
+
+    /// Closes the oldest connection still in its handshake; whether there was one.
+    fn evict_oldest(&self) -> bool {
+        let oldest = self.handshaking.lock().open.pop_first();
+        oldest.map(|(_, token)| token.cancel()).is_some()
+    }
+
+    /// A place among the connections in their handshake, making room if they are many.
+    fn ticket(&self) -> Ticket {
+        let mut table = self.handshaking.lock();
+        if table.open.len() >= MAX_HANDSHAKING
+            && let Some((_, oldest)) = table.open.pop_first()
+        {
+            oldest.cancel();
+        }
+        let id = table.next;
+        table.next += 1;
+        let token = CancellationToken::new();
+        table.open.insert(id, token.clone());
+        Ticket {
+            id,
+            token,
+            table: self.handshaking.clone(),
         }
     }
 
@@ -88,11 +155,16 @@ impl Acceptor {
                         stream,
                         permit,
                         deadline: Instant::now() + self.handshake_timeout,
+                        ticket: self.ticket(),
                     };
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    // Out of file descriptors: the oldest silent connection makes room.
+                    let no_descriptor = matches!(e.raw_os_error(), Some(23 | 24)); // ENFILE, EMFILE
+                    if !(no_descriptor && self.evict_oldest()) {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
                 }
                 // TcpIncoming never ends; should it, wait rather than spin.
                 None => std::future::pending::<()>().await,
@@ -110,8 +182,13 @@ pub fn incoming(
     lifetime: Option<Duration>,
 ) -> ReceiverStream<io::Result<Guarded<TcpStream>>> {
     accept_into(listener, limits, 16, move |accepted, tx| async move {
-        let guarded =
-            Guarded::new(accepted.stream, accepted.permit, accepted.deadline).living(lifetime);
+        let guarded = Guarded::new(
+            accepted.stream,
+            accepted.permit,
+            accepted.deadline,
+            accepted.ticket,
+        )
+        .living(lifetime);
         tx.send(Ok(guarded)).await.is_ok()
     })
 }
@@ -163,16 +240,21 @@ pub struct Guarded<IO> {
 struct Handshake {
     deadline: Pin<Box<Sleep>>,
     missing: usize,
+    evicted: Pin<Box<WaitForCancellationFutureOwned>>,
+    _ticket: Ticket,
 }
 
 impl<IO> Guarded<IO> {
-    /// Wraps `io`, which must send its first bytes by `deadline`.
-    pub fn new(io: IO, permit: OwnedSemaphorePermit, deadline: Instant) -> Self {
+    /// Wraps `io`, which must send its first bytes by `deadline` (and is closed earlier if
+    /// its `ticket` is evicted to make room).
+    pub fn new(io: IO, permit: OwnedSemaphorePermit, deadline: Instant, ticket: Ticket) -> Self {
         Self {
             io,
             handshake: Some(Handshake {
                 deadline: Box::pin(tokio::time::sleep_until(deadline)),
                 missing: FIRST_BYTES,
+                evicted: Box::pin(ticket.evicted()),
+                _ticket: ticket,
             }),
             end_of_life: None,
             _permit: permit,
@@ -223,6 +305,13 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
             Poll::Pending if handshake.deadline.as_mut().poll(cx).is_ready() => Poll::Ready(Err(
                 io::Error::new(io::ErrorKind::TimedOut, "no handshake before the deadline"),
             )),
+            // ...and when the listener needs the room.
+            Poll::Pending if handshake.evicted.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "closed in its handshake to make room for newer connections",
+                )))
+            }
             other => other,
         }
     }

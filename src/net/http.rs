@@ -8,6 +8,9 @@
 //!   off instead of holding its connection forever;
 //! - the same limit between requests on an HTTP/1 keep-alive connection (hyper's header
 //!   timer runs while it waits for the next request), and HTTP/2 keep-alive pings;
+//! - request bodies: a declared `Content-Length` over [`MAX_BODY_BYTES`] is answered 413 at
+//!   once, unread, and a body must arrive whole within `handshake_timeout` of its head (408
+//!   otherwise), so a body that trickles or never comes holds nothing for long;
 //! - graceful shutdown: once `shutdown` resolves, the listener closes, idle connections
 //!   close, and requests in flight are answered before the future resolves.
 //!
@@ -25,6 +28,9 @@ use tokio::net::TcpListener;
 use axum::extract::ConnectInfo;
 
 use super::connection::{Acceptor, ConnectionLimits, Guarded};
+
+/// The largest request body read (axum's own default limit for its body extractors).
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// Interval of HTTP/2 pings to a quiet peer, and how long its answer may take.
 const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(20));
@@ -46,6 +52,12 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .keep_alive_interval(HTTP2_KEEPALIVE.0)
         .keep_alive_timeout(HTTP2_KEEPALIVE.1);
+    let deadline = limits.handshake_timeout;
+    let router = router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            bounded_body(request, next, deadline)
+        },
+    ));
     let mut acceptor = Acceptor::new(listener, limits);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -57,7 +69,12 @@ pub async fn serve(
         let peer = accepted.stream.peer_addr().ok();
         // The deadline covers the bytes HTTP version detection waits for, which hyper's
         // header timer does not.
-        let io = Guarded::new(accepted.stream, accepted.permit, accepted.deadline);
+        let io = Guarded::new(
+            accepted.stream,
+            accepted.permit,
+            accepted.deadline,
+            accepted.ticket,
+        );
         // Handlers that log who asked (counter resets) read the peer's address.
         let service = TowerToHyperService::new(tower::ServiceExt::map_request(
             router.clone(),
@@ -82,4 +99,47 @@ pub async fn serve(
     // Stop accepting: new connections are refused from here on.
     drop(acceptor);
     graceful.shutdown().await;
+}
+
+/// Reads the request's body whole, within `deadline` and [`MAX_BODY_BYTES`], before the
+/// handler runs: 413 for a declared length over the bound (unread) or a body that grows past
+/// it, 408 for one that does not arrive in time.
+async fn bounded_body(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+    deadline: Duration,
+) -> axum::response::Response {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body over {MAX_BODY_BYTES} bytes\n"),
+        )
+            .into_response()
+    };
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return too_large();
+    }
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(bytes)) => {
+            let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+            next.run(request).await
+        }
+        Ok(Err(_)) => too_large(),
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {} s\n",
+                deadline.as_secs_f64()
+            ),
+        )
+            .into_response(),
+    }
 }

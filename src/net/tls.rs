@@ -236,12 +236,25 @@ pub fn incoming(
         tokio::spawn(async move {
             let peer = accepted.stream.peer_addr().ok();
             let handshake = acceptor.accept(accepted.stream);
-            match tokio::time::timeout_at(accepted.deadline, handshake).await {
+            let evicted = accepted.ticket.evicted();
+            let outcome = tokio::select! {
+                outcome = tokio::time::timeout_at(accepted.deadline, handshake) => outcome,
+                _ = evicted => {
+                    tracing::debug!(?peer, "TLS handshake closed to make room");
+                    return;
+                }
+            };
+            match outcome {
                 Ok(Ok(tls_stream)) => {
                     // The rest of the deadline is for the HTTP/2 preface.
                     let rest = lifetime.map(|l| l.saturating_sub(born.elapsed()));
-                    let guarded =
-                        Guarded::new(tls_stream, accepted.permit, accepted.deadline).living(rest);
+                    let guarded = Guarded::new(
+                        tls_stream,
+                        accepted.permit,
+                        accepted.deadline,
+                        accepted.ticket,
+                    )
+                    .living(rest);
                     let _ = tx.send(Ok(guarded)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),
