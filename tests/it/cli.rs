@@ -527,3 +527,40 @@ async fn grpc_can_listen_on_a_unix_socket() {
         "one an hour, now used"
     );
 }
+
+/// Stats settings that would corrupt every flush stop start-up, naming the variable.
+#[test]
+fn stats_tags_that_would_break_a_line_stop_startup() {
+    let dir = crate::common::config_dir("cli-bad-tags", &[("c.yaml", CONFIG)]);
+    let huge = format!("zone:{}", "x".repeat(100_000));
+    let cases: [(&[(&str, &str)], &str); 3] = [
+        (
+            &[("USE_STATSD", "true"), ("EXTRA_TAGS", "zone:eu|#evil:1")],
+            "EXTRA_TAGS",
+        ),
+        (
+            &[("USE_STATSD", "true"), ("EXTRA_TAGS", &huge)],
+            "EXTRA_TAGS",
+        ),
+        (
+            &[
+                ("USE_DOG_STATSD", "true"),
+                ("USE_DOG_STATSD_MOGRIFIERS", "M"),
+                ("DOG_STATSD_MOGRIFIER_M_PATTERN", "^a\\.(.*)$"),
+                ("DOG_STATSD_MOGRIFIER_M_NAME", "x.$9"),
+            ],
+            "DOG_STATSD_MOGRIFIER_M_NAME",
+        ),
+    ];
+    for (env, named) in cases {
+        let out = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&dir)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{named}: {stderr}");
+        assert!(stderr.contains(named), "{stderr}");
+    }
+}

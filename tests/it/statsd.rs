@@ -373,3 +373,73 @@ async fn the_reference_variables_give_mogrified_dogstatsd_stats() {
         );
     }
 }
+
+/// One stat line longer than a datagram (a detailed rule with long values) is dropped alone
+/// and counted; every other line of the flush arrives, in datagrams within the bound; and a
+/// request value cannot forge another series through the characters statsd_exporter reads as
+/// tags (`,` `=` `#` `[` `]`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_line_is_dropped_alone_and_values_cannot_forge_tags() {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = socket.local_addr().unwrap().port();
+    // Twelve levels of detailed values of 120 bytes: a name of about 1.5 KB.
+    let mut deep = String::from("  - key: l0\n");
+    let mut indent = String::from("    ");
+    for level in 1..12 {
+        deep += &format!("{indent}descriptors:\n{indent}  - key: l{level}\n");
+        indent += "    ";
+    }
+    deep += &format!(
+        "{indent}detailed_metric: true\n{indent}rate_limit: {{unit: hour, requests_per_unit: 100}}\n"
+    );
+    let config = format!("{CONFIG}{deep}");
+    let mut settings = settings(StatsdFormat::DogStatsd, port, &[]);
+    settings.config_dir = config_dir("statsd-oversized", &[("shop.yaml", &config)]);
+    let server = TestServer::start_with(settings).await;
+    let shop = server.domain("shop");
+    let long = "v".repeat(120);
+    let spec: Vec<String> = (0..12).map(|l| format!("l{l}={long}")).collect();
+    shop.hit(&spec.join(",")).await;
+    for route in 0..300 {
+        shop.hit(&format!("route=r{route},method=GET")).await;
+    }
+    shop.hit("route=victim.over_limit#x=y[z],method=GET").await;
+    let mut lines: Vec<String> = Vec::new();
+    let done = |lines: &[String]| {
+        (0..300).all(|r| {
+            let name =
+                format!("ratelimit.service.rate_limit.shop.route_r{r}.method.total_hits:1|c");
+            lines.contains(&name)
+        }) && lines.iter().any(|l| l.contains("victim"))
+    };
+    while !done(&lines) {
+        let mut packet = vec![0; 65536];
+        let n = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut packet))
+            .await
+            .expect("a datagram within 10 s")
+            .unwrap();
+        assert!(n <= 1432, "a datagram of {n} bytes");
+        lines.extend(
+            String::from_utf8_lossy(&packet[..n])
+                .lines()
+                .map(str::to_owned),
+        );
+    }
+    assert!(
+        !lines.iter().any(|l| l.contains(&long)),
+        "the oversized line was sent"
+    );
+    let victim: Vec<&String> = lines.iter().filter(|l| l.contains("victim")).collect();
+    assert!(
+        victim
+            .iter()
+            .all(|l| !l.contains(',') && !l.contains('=') && !l.contains('[') && !l.contains("#x")),
+        "{victim:?}"
+    );
+    let (_, page) = crate::common::http_get(server.http_addr, "/metrics")
+        .await
+        .unwrap();
+    assert!(page.contains("l11_"), "the deep rule was counted: {page}");
+    let dropped: u64 = crate::common::metric(&page, "sluice_stats_dropped_total").unwrap_or(0);
+    assert!(dropped >= 1, "the oversized line is counted: {page}");
+}

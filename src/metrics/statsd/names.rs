@@ -4,12 +4,14 @@ use super::Mogrifier;
 
 /// A stats key as the reference writes it: `:` and `|` (the protocol's separators) as `_`,
 /// and the dots of an IPv4 address as `_` (so that an address is one name component).
-/// Control characters, which would end a line, become `_` too.
+/// Control characters, which would end a line, become `_` too; and unlike the reference,
+/// `,` `#` `[` `]` `=`, which statsd_exporter reads as InfluxDB, Librato and SignalFX tags in
+/// a name (a request value `victim.over_limit,x=y` must not count as another series).
 pub fn sanitize(key: &str) -> String {
     let mut out: Vec<u8> = key
         .bytes()
         .map(|b| match b {
-            b':' | b'|' => b'_',
+            b':' | b'|' | b',' | b'#' | b'[' | b']' | b'=' => b'_',
             b if b.is_ascii_control() => b'_',
             b => b,
         })
@@ -79,14 +81,29 @@ impl Mogrifiers {
     pub(super) fn apply(&self, name: &str) -> Option<(String, Vec<(String, String)>)> {
         self.0.iter().find_map(|(pattern, mogrifier)| {
             let groups = pattern.captures(name)?;
+            // A group copies request text: it must not add tags or end the line.
             let tags = mogrifier
                 .tags
                 .iter()
-                .map(|(k, v)| (expand(k, &groups), expand(v, &groups)))
+                .map(|(k, v)| (tag_text(&expand(k, &groups)), tag_text(&expand(v, &groups))))
                 .collect();
             Some((expand(&mogrifier.name, &groups), tags))
         })
     }
+}
+
+/// A tag key or value with the characters that would split or end DogStatsD's tag list (`,`
+/// `|` `#`, control characters) as `_`.
+fn tag_text(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() || matches!(c, ',' | '|' | '#') {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 /// `template` with `$1`, `$2`, ... replaced by the groups of a match (a `$n` past the last
@@ -112,4 +129,32 @@ fn expand(template: &str, groups: &regex::Captures<'_>) -> String {
     }
     out.push_str(rest);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_captured_value_cannot_add_tags_or_end_the_line() {
+        let mogrifiers = Mogrifiers::new(&[Mogrifier {
+            id: "M".into(),
+            pattern: r"^ratelimit\.service\.rate_limit\.(.*)\.total_hits$".into(),
+            name: "hits".into(),
+            tags: vec![("rule".into(), "$1".into())],
+        }]);
+        let (name, tags) = mogrifiers
+            .apply("ratelimit.service.rate_limit.a,evil:1|#x\r.total_hits")
+            .unwrap();
+        assert_eq!(name, "hits");
+        assert_eq!(tags, vec![("rule".to_owned(), "a_evil:1__x_".to_owned())]);
+    }
+
+    #[test]
+    fn tag_characters_of_other_dialects_are_not_left_in_names() {
+        assert_eq!(
+            sanitize("victim.over_limit,x=y#[z]"),
+            "victim.over_limit_x_y__z_"
+        );
+    }
 }

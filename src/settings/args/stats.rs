@@ -113,14 +113,22 @@ fn mogrifiers(
                     format!("not set: mogrifier {id} needs a pattern"),
                 )
             })?;
-        regex::Regex::new(&pattern).map_err(|e| bad("PATTERN", format!("'{pattern}': {e}")))?;
+        let compiled =
+            regex::Regex::new(&pattern).map_err(|e| bad("PATTERN", format!("'{pattern}': {e}")))?;
+        let groups = compiled.captures_len() - 1;
         let name = env(&var("NAME"))
             .filter(|n| !n.is_empty())
             .ok_or_else(|| bad("NAME", format!("not set: mogrifier {id} needs a name")))?;
+        protocol_safe(&name, Some(groups)).map_err(|m| bad("NAME", m))?;
         let tags = match env(&var("TAGS")) {
             Some(text) => parse_map(&text).map_err(|m| bad("TAGS", m))?,
             None => Vec::new(),
         };
+        for (key, value) in &tags {
+            protocol_safe(key, Some(groups))
+                .and_then(|()| protocol_safe(value, Some(groups)))
+                .map_err(|m| bad("TAGS", m))?;
+        }
         out.push(Mogrifier {
             id: id.to_owned(),
             pattern,
@@ -129,6 +137,51 @@ fn mogrifiers(
         });
     }
     Ok(out)
+}
+
+/// The longest tag key, value or mogrifier template.
+const MAX_TAG_BYTES: usize = 200;
+
+/// Checks that `text` (a tag or a mogrifier's template) cannot break a stats line: no
+/// control character (a newline ends the line), no `|` (the protocol's field separator), no
+/// `#` (DogStatsD's tag list) and no `,` (the separator between tags), at most
+/// [`MAX_TAG_BYTES`], and (for a mogrifier's templates) every `$n` names one of its
+/// pattern's `groups`.
+fn protocol_safe(text: &str, groups: Option<usize>) -> Result<(), String> {
+    if text.len() > MAX_TAG_BYTES {
+        return Err(format!(
+            "'{}...' is longer than {MAX_TAG_BYTES} bytes",
+            text.chars().take(32).collect::<String>()
+        ));
+    }
+    if let Some(c) = text
+        .chars()
+        .find(|c| c.is_control() || matches!(c, '|' | '#' | ','))
+    {
+        return Err(format!(
+            "'{}' holds {c:?}, which would break the stats line",
+            text.escape_debug()
+        ));
+    }
+    let Some(groups) = groups else {
+        return Ok(());
+    };
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        let digits: String = rest[at + 1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        if let Ok(n) = digits.parse::<usize>()
+            && n > groups
+        {
+            return Err(format!(
+                "'{text}' names ${n}, but the pattern has {groups} group(s)"
+            ));
+        }
+        rest = &rest[at + 1 + digits.len()..];
+    }
+    Ok(())
 }
 
 /// `k:v,k2:v2`, in the order given (a tag's value may be `$1`).
@@ -152,6 +205,8 @@ fn parse_map(text: &str) -> Result<Vec<(String, String)>, String> {
 fn parse_tags(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut tags: Vec<(String, String)> = Vec::new();
     for (key, value) in parse_map(text)? {
+        protocol_safe(&key, None)?;
+        protocol_safe(&value, None)?;
         tags.retain(|(k, _)| *k != key);
         tags.push((key, value));
     }
@@ -201,5 +256,32 @@ mod tests {
         let err = mogrifiers("NONE", env).unwrap_err();
         assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_NONE_PATTERN");
         assert!(err.message.contains("not set"));
+    }
+
+    #[test]
+    fn tags_and_templates_that_would_break_a_stats_line_are_refused() {
+        for bad in ["zone:eu\n1", "zone:a|#evil:1", "zone:a|c", "zone:a#b"] {
+            assert!(parse_tags(bad).is_err(), "{bad:?}");
+        }
+        let huge = format!("zone:{}", "x".repeat(100_000));
+        assert!(parse_tags(&huge).unwrap_err().contains("longer than"));
+        assert!(
+            parse_tags("zone:eu-1,team:rate$1").is_ok(),
+            "a $ in a plain tag is text"
+        );
+        let env = |groups: &'static str, name: &'static str, tags: &'static str| {
+            move |var: &str| match var {
+                "DOG_STATSD_MOGRIFIER_M_PATTERN" => Some(groups.to_owned()),
+                "DOG_STATSD_MOGRIFIER_M_NAME" => Some(name.to_owned()),
+                "DOG_STATSD_MOGRIFIER_M_TAGS" => Some(tags.to_owned()),
+                _ => None,
+            }
+        };
+        let err = mogrifiers("M", env("^a\\.(.*)$", "x.$9", "")).unwrap_err();
+        assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_M_NAME");
+        assert!(err.message.contains("$9"), "{}", err.message);
+        let err = mogrifiers("M", env("^a\\.(.*)$", "x", "k:$1|#y")).unwrap_err();
+        assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_M_TAGS");
+        assert!(mogrifiers("M", env("^a\\.(.*)$", "x.$1", "k:$1")).is_ok());
     }
 }
