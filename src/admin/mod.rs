@@ -206,14 +206,15 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
 fn write_leases(out: &mut String, leases: &crate::store::lease::LeaseStatus) {
     let _ = writeln!(
         out,
-        "# leases: instance {} of {} taking leases, {} blocks holding {} units; {} leased, {} handed back in {} calls",
+        "# leases: instance {} of {} taking leases, {} blocks holding {} units; {} leased, {} handed back in {} calls; {} hand-backs waiting to be retried",
         leases.instance,
         leases.instances,
         leases.blocks,
         leases.outstanding,
         leases.units_leased,
         leases.units_returned,
-        leases.calls
+        leases.calls,
+        leases.give_backs_waiting
     );
     for block in &leases.top {
         let _ = writeln!(

@@ -62,6 +62,9 @@ const WAIT_LIMIT: Duration = Duration::from_secs(2);
 const GIVE_BACKS_PER_CALL: usize = 512;
 /// Blocks listed in `/rlconfig`.
 const LISTED_BLOCKS: usize = 20;
+/// Hand-backs kept for another try after their call failed (a Redis restart, an outage);
+/// past it the oldest are given up (their units stay counted: under, never over).
+const MAX_RETRIED_GIVE_BACKS: usize = 100_000;
 
 /// The leasing layer in front of a shared store.
 pub struct Leased {
@@ -83,6 +86,10 @@ struct Shared {
     totals: Totals,
     /// The sweeper's last view of the blocks, for `status`.
     view: Mutex<(u64, Vec<BlockView>)>,
+    /// Hand-backs whose call failed, each with the instant after which it can change
+    /// nothing (its window ended; a token bucket refilled past it): tried again at each sweep
+    /// until they land or that instant passes.
+    retries: Mutex<std::collections::VecDeque<(LeaseAsk, Micros)>>,
 }
 
 /// Running totals (the metrics' source).
@@ -127,6 +134,7 @@ impl Leased {
                 started: AtomicBool::new(false),
                 totals: Totals::default(),
                 view: Mutex::default(),
+                retries: Mutex::default(),
             }),
         }
     }

@@ -90,6 +90,8 @@ impl Shared {
             Ok(grants) if grants.len() == round.asks.len() => grants,
             _ => {
                 drop(flights);
+                // The hand-backs of the round go again with the next sweeps.
+                self.retry_later(&round.asks);
                 for (i, _) in &round.leads {
                     if let Some(i) = i {
                         local.exact.push(*i);

@@ -5,8 +5,9 @@ use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{GIVE_BACKS_PER_CALL, LISTED_BLOCKS, Round, Shared};
+use super::{GIVE_BACKS_PER_CALL, LISTED_BLOCKS, MAX_RETRIED_GIVE_BACKS, Round, Shared};
 use crate::algorithm::{Algorithm, Micros};
+use crate::store::{LeaseAsk, Take};
 
 /// What the leasing layer reports in [`StoreStatus::leases`](crate::store::StoreStatus::leases).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,6 +30,8 @@ pub struct LeaseStatus {
     pub units_leased: u64,
     /// Units handed back to shared counters.
     pub units_returned: u64,
+    /// Hand-backs whose call failed, waiting to be tried again.
+    pub give_backs_waiting: u64,
     /// Decisions made from a block, without a store call.
     pub local_decisions: u64,
     /// Leased counters decided exactly instead (the lease failed, the table was full, or
@@ -94,20 +97,66 @@ impl Shared {
         top.sort_by_key(|b| std::cmp::Reverse(b.units));
         top.truncate(LISTED_BLOCKS);
         *self.view.lock() = (outstanding, top);
+        // Hand-backs that failed before and can still change something go again.
+        let mut asks = round.asks;
+        {
+            let mut retries = self.retries.lock();
+            asks.extend(
+                retries
+                    .drain(..)
+                    .filter(|(_, until)| *until > now)
+                    .map(|(ask, _)| ask),
+            );
+        }
         let mut returned = 0;
-        for chunk in round.asks.chunks(GIVE_BACKS_PER_CALL) {
+        for chunk in asks.chunks(GIVE_BACKS_PER_CALL) {
             self.totals.calls.fetch_add(1, Ordering::Relaxed);
-            if let Ok(grants) = self.inner.lease(chunk).await {
-                // What the store really took back (a counter no longer as the lease left it
-                // takes nothing).
-                let units: u64 = grants.iter().map(|g| g.units).sum();
-                self.totals
-                    .units_returned
-                    .fetch_add(units, Ordering::Relaxed);
-                returned += units;
+            match self.inner.lease(chunk).await {
+                Ok(grants) => {
+                    // What the store really took back (a counter no longer as the lease
+                    // left it takes nothing).
+                    let units: u64 = grants.iter().map(|g| g.units).sum();
+                    self.totals
+                        .units_returned
+                        .fetch_add(units, Ordering::Relaxed);
+                    returned += units;
+                }
+                Err(_) => self.retry_later(chunk),
             }
         }
         returned
+    }
+
+    /// Keeps the hand-backs among `asks`, whose call failed, for the next sweeps.
+    pub(super) fn retry_later(&self, asks: &[LeaseAsk]) {
+        let mut retries = self.retries.lock();
+        for ask in asks {
+            let Take::GiveBack { guard, .. } = ask.take else {
+                continue;
+            };
+            // A window's hand-back changes nothing once its window has ended; a token
+            // bucket's, once its arrival time has passed (the bucket is full anyway).
+            let until = match ask.limit.algorithm {
+                Algorithm::TokenBucket => guard,
+                _ => guard.saturating_add(ask.limit.window),
+            };
+            if retries.len() >= MAX_RETRIED_GIVE_BACKS {
+                retries.pop_front();
+            }
+            retries.push_back((ask.clone(), until));
+        }
+        static LOGGED: crate::logging::Every = crate::logging::Every::new(Duration::from_secs(60));
+        if LOGGED.ready() {
+            tracing::warn!(
+                waiting = retries.len(),
+                "leased units could not be handed back (the store failed); trying again at each sweep until their window ends"
+            );
+        }
+    }
+
+    /// Hand-backs waiting for another try.
+    pub(super) fn retries_waiting(&self) -> usize {
+        self.retries.lock().len()
     }
 
     /// Records this instance with the store and learns how many take leases.
@@ -131,6 +180,7 @@ impl Shared {
             refused: t.refused.load(Ordering::Relaxed),
             units_leased: t.units_leased.load(Ordering::Relaxed),
             units_returned: t.units_returned.load(Ordering::Relaxed),
+            give_backs_waiting: self.retries_waiting() as u64,
             local_decisions: t.local.load(Ordering::Relaxed),
             exact_decisions: t.exact.load(Ordering::Relaxed),
             top,
