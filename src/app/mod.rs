@@ -79,6 +79,13 @@ const GRPC_KEEPALIVE: (std::time::Duration, std::time::Duration) = (
 /// only bounds what one client can pile up, far above what one connection carries.
 const GRPC_MAX_STREAMS: u32 = 1024;
 
+/// The largest header list a gRPC request may have: above the 60 KiB Envoy itself accepts
+/// (its `max_request_headers_kb`), so nothing Envoy forwards is refused. HTTP/2 cannot refuse
+/// a header block that spans CONTINUATION frames without closing the connection (the
+/// compression state must see every byte), so at 16 KiB (hyper's default) a large trace or
+/// baggage header from Envoy cost the whole connection and every request in flight on it.
+const GRPC_MAX_HEADER_LIST: u32 = 64 * 1024;
+
 /// A service ready to serve: config loaded, store and limiter built.
 pub struct Prepared {
     settings: Settings,
@@ -361,6 +368,7 @@ impl Prepared {
             .http2_keepalive_interval(Some(GRPC_KEEPALIVE.0))
             .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
             .max_concurrent_streams(GRPC_MAX_STREAMS)
+            .http2_max_header_list_size(Some(GRPC_MAX_HEADER_LIST))
             // What a client may send that is not read yet (requests waiting for their turn):
             // HTTP/2's default per stream, and half a megabyte per connection instead of
             // hyper's 1 MiB, plenty for requests of a few hundred bytes.

@@ -56,14 +56,16 @@ impl CounterKey {
     /// The reference's key for `domain` and the `(key, value)` entries without its window
     /// start, e.g. `api_api_key_partner-a_path_/login_` (the Redis store adds the key prefix
     /// before and the window start after: `envoyproxy/ratelimit`'s `src/limiter/cache_key.go`
-    /// layout). Parts are joined with `_` unescaped, as the reference joins them.
+    /// layout). Parts are joined with `_` unescaped, as the reference joins them; a part
+    /// that holds `\#` (which begins every digest) is written as its digest too, so that no
+    /// value can spell out another value's digest and share its counter.
     pub fn reference<'a>(
         domain: &str,
         entries: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Self {
         let mut out = String::with_capacity(64);
         let part = |out: &mut String, text: &str| {
-            if text.len() > LONG_REFERENCE_PART {
+            if text.len() > LONG_REFERENCE_PART || text.contains("\\#") {
                 push_digest(out, text);
             } else {
                 out.push_str(text);
@@ -209,11 +211,20 @@ mod tests {
             CounterKey::reference("d", [("a", "b_c")])
         );
         let huge = "y".repeat(1 << 20);
-        assert!(
-            CounterKey::reference("d", [("path", huge.as_str())])
-                .as_str()
-                .len()
-                < 64
+        let digested = CounterKey::reference("d", [("path", huge.as_str())]);
+        assert!(digested.as_str().len() < 64);
+        // A short value that spells out that digest is digested itself: another counter.
+        let spelled = digested.as_str()["d_path_".len()..]
+            .trim_end_matches('_')
+            .to_owned();
+        assert!(spelled.starts_with("\\#"), "{spelled}");
+        assert_ne!(
+            CounterKey::reference("d", [("path", spelled.as_str())]),
+            digested
+        );
+        assert_ne!(
+            CounterKey::reference("d", [("path", format!("x_{spelled}").as_str())]),
+            CounterKey::reference("d", [("path", "x"), ("", huge.as_str())])
         );
     }
 

@@ -404,3 +404,46 @@ async fn a_request_at_the_bound_on_one_counter_is_decided_whole_on_redis() {
     let redis = RedisServer::start();
     a_request_at_the_bound_on_one_counter_is_decided_whole(&redis_server(&redis).await).await;
 }
+
+/// A request whose header list is over the bound fails alone: its connection carries on (a
+/// GOAWAY would make Envoy reconnect and fail every request in flight on it). Header lists up
+/// to 64 KiB, more than Envoy sends (its `max_request_headers_kb` is 60 by default), pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_header_list_fails_its_request_not_its_connection() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let server = memory_server().await;
+    let addr = server.grpc_addr;
+    let connects = Arc::new(AtomicUsize::new(0));
+    let counted = connects.clone();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let stream = tokio::net::TcpStream::connect(addr).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    let ask = |value: Option<String>| {
+        let mut call = tonic::Request::new(request("hostile", vec![descriptor(&[("user", "u")])]));
+        if let Some(value) = value {
+            call.metadata_mut().insert("x-big", value.parse().unwrap());
+        }
+        call
+    };
+    assert!(client.should_rate_limit(ask(None)).await.is_ok());
+    // 40 KiB of headers: over HTTP/2's usual 16 KiB, within the bound.
+    let forty = "b".repeat(40 * 1024);
+    assert!(client.should_rate_limit(ask(Some(forty))).await.is_ok());
+    assert!(client.should_rate_limit(ask(None)).await.is_ok());
+    assert_eq!(
+        connects.load(Ordering::SeqCst),
+        1,
+        "one connection throughout"
+    );
+}
