@@ -441,6 +441,7 @@ impl Prepared {
                 interval: self.settings.config_watch_interval,
                 settle: std::time::Duration::from_millis(250),
                 deadline: LOAD_DEADLINE,
+                keep_when_empty: !self.settings.require_config,
             },
             self.policy_swap(),
         )

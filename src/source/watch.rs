@@ -20,7 +20,8 @@
 //! blocking thread under [`ReloadOptions::deadline`], one at a time, and one that does not
 //! finish is reported like any other error while the policy in force keeps serving; a reload
 //! that finds no domain at all where the policy in force has some (the only file replaced by
-//! a directory, a mount gone wrong) keeps the policy and says why.
+//! a directory, a mount gone wrong) keeps the policy and says why, unless health is to follow
+//! whether a domain is loaded ([`ReloadOptions::keep_when_empty`]).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -41,6 +42,11 @@ pub struct ReloadOptions {
     pub settle: Duration,
     /// How long a load (reading, parsing, compiling) may take before it is given up.
     pub deadline: Duration,
+    /// Whether a reload that finds no domain where some are in force is refused (the policy
+    /// stays). Off where health follows whether a domain is loaded
+    /// (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`): there the empty policy is applied and
+    /// health turns unready, as the operator asked.
+    pub keep_when_empty: bool,
 }
 
 /// The default [`ReloadOptions::deadline`]: far above what the size bounds let a load take
@@ -80,7 +86,7 @@ impl Reloader {
         };
         let loaded = loaded.and_then(|loaded| {
             let before = self.swap.domain_count();
-            if loaded.policy.domain_count() == 0 && before > 0 {
+            if self.options.keep_when_empty && loaded.policy.domain_count() == 0 && before > 0 {
                 return Err(vec![ConfigError::file(
                     &shown,
                     format!(
@@ -139,13 +145,21 @@ impl Reloader {
     /// finishes within the load bounds, and its result is dropped). SIGHUP is listened for
     /// from this call on, not from the future's first poll: a SIGHUP right after the server
     /// says it is serving must reload, not kill the process (the signal's default action).
+    /// The directory's state is taken here too, not when the future first runs: a change made
+    /// after start-up but before a busy runtime polls the watcher must be seen as a change.
     pub fn run(self, shutdown: impl Future<Output = ()> + Send) -> impl Future<Output = ()> + Send {
         let hangup = hangup_signal();
-        self.watch(hangup, shutdown)
+        let first = fingerprint(&self.options.dir);
+        self.watch(hangup, first, shutdown)
     }
 
-    async fn watch(self, mut hangup: Hangup, shutdown: impl Future<Output = ()>) {
-        let mut last = self.fingerprint().await.unwrap_or_default();
+    async fn watch(
+        self,
+        mut hangup: Hangup,
+        first: Fingerprint,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let mut last = first;
         let polling = !self.options.interval.is_zero();
         let mut tick = tokio::time::interval(if polling {
             self.options.interval

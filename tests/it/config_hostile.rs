@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::{DomainClient, SluiceProcess, config_dir, eventually_within, http_get};
+use crate::common::{DomainClient, SluiceProcess, config_dir, http_get};
 
 const ONE: &str =
     "domain: h\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
@@ -25,26 +25,23 @@ fn mkfifo(path: &Path) {
     assert!(made.success());
 }
 
-/// Polls `/rlconfig` of `sluice` until it contains `needle`.
+/// Polls `/rlconfig` of `sluice` until it contains `needle` (failing with the page and the
+/// log after 15 s).
 async fn until_rlconfig(sluice: &SluiceProcess, needle: &str) -> String {
     let addr = sluice.http.parse().unwrap();
-    let last = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
-    eventually_within(
-        Duration::from_secs(15),
-        &format!("/rlconfig shows '{needle}'"),
-        || {
-            let last = last.clone();
-            async move {
-                let (_, page) = http_get(addr, "/rlconfig").await.unwrap();
-                let ok = page.contains(needle);
-                *last.lock() = page;
-                ok
-            }
-        },
-    )
-    .await;
-    let page = last.lock().clone();
-    page
+    let started = std::time::Instant::now();
+    loop {
+        let (_, page) = http_get(addr, "/rlconfig").await.unwrap();
+        if page.contains(needle) {
+            return page;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "never: /rlconfig shows '{needle}'; it shows:\n{page}\nlog:\n{}",
+            sluice.log.lock().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
