@@ -74,6 +74,13 @@ fn service() -> (RlsService, AdminState) {
         Arc::new(store),
         LimiterOptions::default(),
     ));
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let limiter = Arc::new(
+        Arc::try_unwrap(limiter)
+            .ok()
+            .expect("not shared yet")
+            .with_observer(metrics.clone()),
+    );
     let rls = RlsService::new(limiter.clone());
     let health = Arc::new(Health::default());
     health.set_serving(true);
@@ -82,7 +89,7 @@ fn service() -> (RlsService, AdminState) {
         limiter: limiter.clone(),
         health,
         metrics: Arc::new(Scrape {
-            metrics: Arc::new(Metrics::new(0.8, 100)),
+            metrics,
             limiter: limiter.clone(),
         }),
         config: Arc::new(parking_lot::RwLock::new(ConfigInfo::default())),
@@ -395,6 +402,51 @@ proptest! {
                 runtime().block_on(async { check_answer(1, rls.answer(request, None).await) })?;
             }
             Err(errors) => prop_assert!(!errors.is_empty(), "refused without a reason: {text}"),
+        }
+    }
+}
+
+proptest! {
+    // Each case sends up to 200 requests: fewer cases.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn arbitrary_overrides_keep_the_metric_series_bounded(
+        requests in prop::collection::vec(
+            (prop::collection::vec(text(), 1..4), 1u32..1000).prop_map(|(keys, requests_per_unit)| {
+                let entries = keys.into_iter().map(|key| Entry { key, value: "v".into() }).collect();
+                RateLimitRequest {
+                    domain: "fuzz".into(),
+                    descriptors: vec![RateLimitDescriptor {
+                        entries,
+                        limit: Some(RateLimitOverride { requests_per_unit, unit: 2 }),
+                        ..Default::default()
+                    }],
+                    hits_addend: 1,
+                }
+            }),
+            1..200,
+        )
+    ) {
+        // Series of overrides count against the detailed cap (100 here): past it, one
+        // overflow series; every label within the 128-byte bound.
+        let (rls, state) = service();
+        runtime().block_on(async {
+            for request in requests {
+                let n = request.descriptors.len();
+                check_answer(n, rls.answer(request, None).await)?;
+            }
+            Ok::<(), TestCaseError>(())
+        })?;
+        let page = sluice::metrics::Exposition::render(&*state.metrics);
+        let series: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+            .collect();
+        prop_assert!(series.len() <= 100 + 1, "{} series", series.len());
+        // Four labels of at most 128 bytes each, twice that once escaped, and the name.
+        for line in &series {
+            prop_assert!(line.len() <= 4 * 2 * 128 + 200, "{}", line);
         }
     }
 }

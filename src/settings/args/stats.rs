@@ -284,4 +284,21 @@ mod tests {
         assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_M_TAGS");
         assert!(mogrifiers("M", env("^a\\.(.*)$", "x.$1", "k:$1")).is_ok());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Whatever EXTRA_TAGS holds, the tags accepted cannot break a stats line.
+        #[test]
+        fn accepted_tags_are_safe_in_a_line(text in "(\\PC|[\n|#,:]){0,300}") {
+            if let Ok(tags) = parse_tags(&text) {
+                for (k, v) in tags {
+                    for part in [k, v] {
+                        proptest::prop_assert!(part.len() <= MAX_TAG_BYTES);
+                        proptest::prop_assert!(!part.contains(['\n', '|', '#', ',']));
+                    }
+                }
+            }
+        }
+    }
 }
