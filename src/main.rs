@@ -58,6 +58,10 @@ fn arguments() -> Vec<std::ffi::OsString> {
         if !subcommand {
             args.insert(1, "serve".into());
         }
+        // The reference's defaults where Sluice's would change what Envoy does.
+        if args.get(1).is_some_and(|a| a == "serve") {
+            args.insert(2, "--as-reference".into());
+        }
     }
     args
 }

@@ -144,6 +144,20 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         store = store.status().kind,
         "rate limit config loaded"
     );
+    if settings.as_reference {
+        tracing::info!(
+            failure_mode = settings.limiter.failure_mode.as_str(),
+            "running as envoyproxy/ratelimit (/bin/ratelimit): rules without a failure_mode answer a store failure by failure_mode {} ({}); defaults that differ from the reference: USE_STATSD false (Prometheus /metrics is native), the :6070 debug listener off (set DEBUG_PORT), LOCAL_CACHE_SIZE_IN_BYTES 16 MiB (the over-limit cache), refused requests charge nothing, a bad config exits 64",
+            settings.limiter.failure_mode.as_str(),
+            match settings.limiter.failure_mode {
+                crate::store::FailureMode::Envoy =>
+                    "a prompt gRPC UNAVAILABLE: Envoy's failure_mode_deny decides, as with the reference",
+                crate::store::FailureMode::Allow => "admit",
+                crate::store::FailureMode::Deny => "refuse",
+                crate::store::FailureMode::Local => "count in this instance's memory",
+            }
+        );
+    }
     if settings.limiter.reference_keys {
         tracing::info!(
             "fixed-window counters use envoyproxy/ratelimit's Redis keys and integers (REDIS_KEY_FORMAT=reference)"

@@ -113,13 +113,13 @@ impl Cx<'_> {
     /// Parses a `failure_mode` value, recording an error for a bad one.
     fn failure_mode(&mut self, value: Option<&str>, path: &str) -> Option<FailureMode> {
         let value = value?;
-        let mode = [FailureMode::Allow, FailureMode::Deny, FailureMode::Local]
+        let mode = FailureMode::ALL
             .into_iter()
             .find(|m| m.as_str().eq_ignore_ascii_case(value));
         if mode.is_none() {
             self.error(
                 path,
-                format!("invalid failure_mode '{value}' (expected allow, deny or local)"),
+                format!("invalid failure_mode '{value}' (expected allow, deny, local or envoy)"),
             );
         }
         mode

@@ -92,7 +92,7 @@ impl ServeArgs {
                 reference_keys: stores.reference_keys,
                 ..self
                     .requests
-                    .limiter(self.failure.failure_mode, self.lease.consistency)
+                    .limiter(self.failure.default_failure_mode(), self.lease.consistency)
             },
             lease: self.lease.options(),
             response: self.response.options(),
@@ -120,6 +120,7 @@ impl ServeArgs {
             shutdown_grace: self.shutdown.shutdown_grace,
             shutdown_delay: self.shutdown.shutdown_delay,
             kubernetes: self.shutdown.kubernetes_service_host.is_some(),
+            as_reference: self.failure.as_reference,
         })
     }
 }

@@ -119,6 +119,9 @@ pub struct Settings {
     pub shutdown_delay: Duration,
     /// Running under Kubernetes (several replicas are likely).
     pub kubernetes: bool,
+    /// Run under the reference's name (`/bin/ratelimit`): its defaults where Sluice's would
+    /// change what Envoy does, and one start-up line saying which defaults differ.
+    pub as_reference: bool,
     /// Who may reset counters through the admin API (nobody by default).
     pub admin_reset: crate::admin::ResetSettings,
 }
@@ -221,6 +224,7 @@ impl Settings {
             shutdown_grace: Duration::from_secs(5),
             shutdown_delay: Duration::ZERO,
             kubernetes: false,
+            as_reference: false,
             admin_reset: Default::default(),
         }
     }

@@ -62,6 +62,10 @@ pub enum FailureMode {
     Deny,
     /// Count in this instance's memory, with the limit divided by the number of instances.
     Local,
+    /// Leave the decision to Envoy: the request fails at once with gRPC `UNAVAILABLE`, which
+    /// Envoy's `failure_mode_deny` decides (what the reference does; the default under its
+    /// name, so that an Envoy set to fail closed stays closed after the image is swapped).
+    Envoy,
 }
 
 impl FailureMode {
@@ -71,8 +75,17 @@ impl FailureMode {
             FailureMode::Allow => "allow",
             FailureMode::Deny => "deny",
             FailureMode::Local => "local",
+            FailureMode::Envoy => "envoy",
         }
     }
+
+    /// Every mode, in the order of [`StoreStatus::failure_mode_answers`](super::StoreStatus).
+    pub const ALL: [FailureMode; 4] = [
+        FailureMode::Allow,
+        FailureMode::Deny,
+        FailureMode::Local,
+        FailureMode::Envoy,
+    ];
 }
 
 /// All counter operations of one request.

@@ -419,7 +419,7 @@ impl Store for MemoryStore {
             },
             healthy: true,
             detail: None,
-            failure_mode_answers: [0; 3],
+            failure_mode_answers: [0; 4],
             leases: None,
         }
     }

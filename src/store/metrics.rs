@@ -11,7 +11,7 @@ use super::StoreStatus;
 use crate::metrics::{LATENCY_BUCKETS, counter, counter_vec, gauge, histogram};
 
 /// The failure modes, in the order of [`StoreStatus::failure_mode_answers`].
-const FAILURE_MODES: [&str; 3] = ["allow", "deny", "local"];
+const FAILURE_MODES: [&str; 4] = ["allow", "deny", "local", "envoy"];
 
 /// Store calls, the breaker and the failure policy.
 pub struct StoreMetrics {
@@ -20,7 +20,7 @@ pub struct StoreMetrics {
     healthy: IntGauge,
     failure_mode: IntCounterVec,
     /// The failure-mode answers already counted, by mode: the store counts totals.
-    failure_mode_seen: Mutex<[u64; 3]>,
+    failure_mode_seen: Mutex<[u64; 4]>,
     memory: MemoryGauges,
     leases: LeaseMetrics,
 }

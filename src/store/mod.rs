@@ -124,7 +124,7 @@ pub struct StoreStatus {
     /// A line on the store's state, e.g. the breaker and failure-mode answers.
     pub detail: Option<String>,
     /// Counters answered by the failure policy so far: allow, deny, local.
-    pub failure_mode_answers: [u64; 3],
+    pub failure_mode_answers: [u64; 4],
     /// Leased quota, where the store leases.
     pub leases: Option<lease::LeaseStatus>,
 }

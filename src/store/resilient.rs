@@ -78,7 +78,7 @@ pub struct Resilient {
     options: ResilienceOptions,
     local: MemoryStore,
     /// Requests answered by the failure policy, by mode: allow, deny, local.
-    degraded: [AtomicU64; 3],
+    degraded: [AtomicU64; 4],
 }
 
 /// What background calls and the prober share with the requests.
@@ -171,8 +171,19 @@ impl Resilient {
         self.fallback(batch).await
     }
 
-    /// Answers by each operation's failure mode.
+    /// Answers by each operation's failure mode; a request with an operation whose mode
+    /// leaves the decision to Envoy fails as a whole, at once.
     async fn fallback(&self, batch: &Batch) -> Result<Applied, StoreError> {
+        if batch
+            .ops
+            .iter()
+            .any(|op| op.failure_mode == FailureMode::Envoy)
+        {
+            self.degraded[FailureMode::Envoy as usize].fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the store is failing; failure_mode envoy leaves the decision to Envoy's failure_mode_deny".into(),
+            ));
+        }
         let now = self.shared.clock.now();
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
         let mut local_ops = Vec::new();
@@ -180,7 +191,8 @@ impl Resilient {
         for (i, op) in batch.ops.iter().enumerate() {
             let reset = op.limit.window_left(now);
             decisions[i] = match op.failure_mode {
-                FailureMode::Allow => Some(Decision {
+                // (`envoy` was answered above.)
+                FailureMode::Allow | FailureMode::Envoy => Some(Decision {
                     overdraft: 0,
                     allowed: true,
                     remaining: op.limit.requests,
@@ -334,10 +346,10 @@ impl Store for Resilient {
 
     fn status(&self) -> StoreStatus {
         let mut status = self.shared.primary.status();
-        let [allow, deny, local] = &self.degraded;
+        let [allow, deny, local, envoy] = &self.degraded;
         let open = self.shared.breaker.is_open();
         status.detail = Some(format!(
-            "{}; answered by failure_mode: {} allow, {} deny, {} local",
+            "{}; answered by failure_mode: {} allow, {} deny, {} local, {} envoy",
             if open {
                 "failing (circuit breaker open)"
             } else {
@@ -346,12 +358,14 @@ impl Store for Resilient {
             allow.load(Ordering::Relaxed),
             deny.load(Ordering::Relaxed),
             local.load(Ordering::Relaxed),
+            envoy.load(Ordering::Relaxed),
         ));
         status.healthy = !open;
         status.failure_mode_answers = [
             allow.load(Ordering::Relaxed),
             deny.load(Ordering::Relaxed),
             local.load(Ordering::Relaxed),
+            envoy.load(Ordering::Relaxed),
         ];
         status
     }

@@ -114,7 +114,7 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "priorities_out_of_range.yaml: descriptors[0].priorities.low: priority share 1.5 is not in (0, 1]",
     "priorities_with_value.yaml: descriptors[0].priorities: priorities need a key-only descriptor",
     "priorities_without_limit.yaml: descriptors[0].priorities: priorities without rate_limit or rate_limits",
-    "bad_failure_mode.yaml: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny or local)",
+    "bad_failure_mode.yaml: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny, local or envoy)",
     "too_deep.yaml:5:73: nesting deeper than 64 levels",
     "overdraft_with_concurrency.yaml: descriptors[0].rate_limit.overdraft: overdraft is not valid with algorithm: concurrency",
     "unlimited_with_overdraft.yaml: descriptors[0].rate_limit.overdraft: should not specify overdraft when unlimited",

@@ -18,6 +18,7 @@ mod connections;
 mod envoy;
 mod envoy_budgets;
 mod envoy_deploy;
+mod envoy_fail_closed;
 mod envoy_tracing;
 mod fuzz_service;
 mod grpc_tls;

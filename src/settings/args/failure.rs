@@ -25,15 +25,17 @@ pub struct FailureArgs {
     #[arg(long, env = "REDIS_BREAKER_COOLDOWN", default_value = "250ms", value_parser = parse_duration)]
     redis_breaker_cooldown: Duration,
 
-    /// Failure mode of rules and domains that declare none
-    #[arg(
-        long,
-        env = "FAILURE_MODE",
-        value_enum,
-        ignore_case = true,
-        default_value = "allow"
-    )]
-    pub failure_mode: FailureMode,
+    /// Failure mode of rules and domains that declare none: allow (fail open), deny (fail
+    /// closed), local (count in this instance's memory) or envoy (a prompt gRPC UNAVAILABLE,
+    /// which Envoy's failure_mode_deny decides, as the reference answers) [default: allow;
+    /// envoy when run as /bin/ratelimit, the reference's name]
+    #[arg(long, env = "FAILURE_MODE", value_enum, ignore_case = true)]
+    pub failure_mode: Option<FailureMode>,
+
+    /// Set when the binary runs under the reference's name (`/bin/ratelimit`): the
+    /// reference's defaults where Sluice's would change what Envoy does (FAILURE_MODE envoy)
+    #[arg(long, hide = true)]
+    pub as_reference: bool,
 
     /// Report unhealthy (/healthcheck, /ready, gRPC health) while the store does not answer
     /// (its circuit breaker is open), so that an orchestrator can move traffic elsewhere
@@ -60,6 +62,17 @@ pub struct FailureArgs {
 }
 
 impl FailureArgs {
+    /// The failure mode of rules that declare none: the one set, else `envoy` under the
+    /// reference's name (the reference's answer to a store failure is a gRPC error, which
+    /// Envoy's `failure_mode_deny` decides), else `allow`.
+    pub fn default_failure_mode(&self) -> FailureMode {
+        self.failure_mode.unwrap_or(if self.as_reference {
+            FailureMode::Envoy
+        } else {
+            FailureMode::Allow
+        })
+    }
+
     pub(super) fn resilience(&self) -> ResilienceOptions {
         ResilienceOptions {
             deadline: self.redis_deadline,

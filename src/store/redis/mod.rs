@@ -523,7 +523,7 @@ impl Store for RedisStore {
             full: false,
             healthy: true,
             detail: None,
-            failure_mode_answers: [0; 3],
+            failure_mode_answers: [0; 4],
             leases: None,
         }
     }

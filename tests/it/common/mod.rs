@@ -532,6 +532,14 @@ impl SluiceProcess {
         Self::run(command, dir, args, env)
     }
 
+    /// [`SluiceProcess::spawn_with_env`] under the reference's name: the binary through a link
+    /// named `ratelimit`, as Envoy Gateway's Deployment starts `/bin/ratelimit`.
+    pub fn spawn_as_reference(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let bin = temp_dir("reference-name").join("ratelimit");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &bin).unwrap();
+        Self::run(std::process::Command::new(bin), dir, args, env)
+    }
+
     /// [`SluiceProcess::spawn`] with at most `files` open file descriptors (`ulimit -n`).
     pub fn spawn_with_file_limit(dir: &std::path::Path, args: &[&str], files: u32) -> Self {
         let mut shell = std::process::Command::new("sh");
