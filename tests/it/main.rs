@@ -14,6 +14,7 @@ mod budget_numbers;
 mod cli;
 mod config_hostile;
 mod config_validation;
+mod docs_reference;
 mod connections;
 mod envoy;
 mod envoy_budgets;

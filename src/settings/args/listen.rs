@@ -68,9 +68,10 @@ pub struct ListenArgs {
     #[arg(long = "port", env = "PORT", hide = true, default_value = "8080")]
     http_port: u16,
 
-    /// Also serve the admin endpoints (/rlconfig, /healthcheck, /metrics, /json) on the
-    /// reference's debug listener, where operators curl :6070/rlconfig [default: off; on when
-    /// DEBUG_HOST or DEBUG_PORT is set, at 0.0.0.0:6070 unless they say otherwise]
+    /// Also serve every admin endpoint (/rlconfig, /healthcheck, /metrics, /json, and the
+    /// admin API's /explain and /counters) on the reference's debug listener, where operators
+    /// curl :6070/rlconfig [default: off; on when DEBUG_HOST or DEBUG_PORT is set, at
+    /// 0.0.0.0:6070 unless they say otherwise]
     #[arg(long, value_name = "HOST:PORT")]
     debug_addr: Option<String>,
     #[arg(long, env = "DEBUG_HOST", hide = true)]
