@@ -2,7 +2,9 @@
 //! where it has one), in one group per concern, and their resolution into [`Settings`].
 //!
 //! Adding a setting is one field in its group (a typed value parser, so clap names the flag
-//! or variable in every error) and one row in the README's table. Every `bool` is a switch
+//! or variable in every error); docs/reference/settings.md is rendered from it (regenerate
+//! with `UPDATE_DOCS=1 cargo test --test it docs_reference`), and the common ones have a row
+//! with more words in docs/configuration/settings.md. Every `bool` is a switch
 //! of one shape ([`switch`]).
 
 mod admin;

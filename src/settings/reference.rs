@@ -1,13 +1,13 @@
 //! Every environment variable of envoyproxy/ratelimit (`src/settings/settings.go`) and what
 //! Sluice does with it, so that none is ignored without a word: at start-up, the ones that are
 //! set and not supported are named in one warning line, the ones not needed in one info line.
-//! The README's table of reference variables and a test against the reference's own list keep
+//! The table of reference variables in docs/configuration/settings.md and a test against the reference's own list keep
 //! this table whole.
 
 /// What Sluice does with one reference variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Support {
-    /// Read, as a `serve` setting (the README's settings table says how).
+    /// Read, as a `serve` setting (docs/configuration/settings.md says how).
     Read,
     /// Accepted and not needed; the reason.
     NotNeeded(&'static str),
@@ -205,7 +205,7 @@ impl Audit {
     pub fn log(&self) {
         if !self.unsupported.is_empty() {
             tracing::warn!(
-                "set but not supported: {} (see the README's table of reference variables)",
+                "set but not supported: {} (see docs/configuration/settings.md, Every envoyproxy/ratelimit variable)",
                 self.unsupported.join(", ")
             );
         }

@@ -38,7 +38,7 @@ pub enum Consistency {
     #[default]
     Exact,
     /// The instance takes blocks of units from the shared counter and admits from them in
-    /// memory: never more than the limit, a bounded few less (see the README).
+    /// memory: never more than the limit, a bounded few less (docs/configuration/leased-quota.md).
     Leased,
 }
 

@@ -32,7 +32,10 @@ fn cell(text: &str) -> String {
 fn flag(arg: &clap::Arg) -> String {
     let long = arg.get_long().unwrap_or_else(|| arg.get_id().as_str());
     let takes_value = arg.get_num_args().is_none_or(|n| n.takes_values())
-        && !matches!(arg.get_action(), clap::ArgAction::SetTrue | clap::ArgAction::SetFalse);
+        && !matches!(
+            arg.get_action(),
+            clap::ArgAction::SetTrue | clap::ArgAction::SetFalse
+        );
     match arg.get_value_names() {
         Some(names) if takes_value => format!("`--{long} <{}>`", names.join(" ")),
         _ if takes_value => format!("`--{long} <{}>`", arg.get_id().as_str().to_uppercase()),
@@ -108,7 +111,12 @@ fn settings_page() -> String {
                 d if d.is_empty() => String::new(),
                 d => format!("`{d}`"),
             };
-            let _ = writeln!(out, "| {} | {env} | {default} | {} |", flag(arg), help_of(arg));
+            let _ = writeln!(
+                out,
+                "| {} | {env} | {default} | {} |",
+                flag(arg),
+                help_of(arg)
+            );
         }
     }
     out.push_str(&reference_variables(&serve));
@@ -139,23 +147,42 @@ fn reference_variables(serve: &clap::Command) -> String {
         let (ours, what) = match support {
             Support::Read => match by_env.get(*name) {
                 Some(arg) => (default_of(arg), format!("read: {}", flag(arg))),
-                None => (String::new(), "read (see the text of the flag that names it)".into()),
+                None => (
+                    String::new(),
+                    "read (see the text of the flag that names it)".into(),
+                ),
             },
             Support::NotNeeded(why) => (String::new(), format!("not needed: {why}")),
-            Support::Unsupported { .. } => {
-                (String::new(), "not supported (named at start-up when set)".into())
-            }
+            Support::Unsupported { .. } => (
+                String::new(),
+                "not supported (named at start-up when set)".into(),
+            ),
         };
         let changed = matches!(support, Support::Read)
             && by_env.contains_key(*name)
             && !ours.eq_ignore_ascii_case(theirs);
-        let show = |v: &str| if v.is_empty() { "(empty)".to_owned() } else { format!("`{v}`") };
+        let show = |v: &str| {
+            if v.is_empty() {
+                "(empty)".to_owned()
+            } else {
+                format!("`{v}`")
+            }
+        };
         let ours_shown = if matches!(support, Support::Read) && by_env.contains_key(*name) {
-            format!("{}{}", show(&ours), if changed { " **changed**" } else { "" })
+            format!(
+                "{}{}",
+                show(&ours),
+                if changed { " **changed**" } else { "" }
+            )
         } else {
             String::new()
         };
-        let _ = writeln!(out, "| `{name}` | {} | {ours_shown} | {} |", show(theirs), cell(&what));
+        let _ = writeln!(
+            out,
+            "| `{name}` | {} | {ours_shown} | {} |",
+            show(theirs),
+            cell(&what)
+        );
     }
     out
 }

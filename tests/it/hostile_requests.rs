@@ -1,5 +1,5 @@
 // Why one long file: one attack per test against one server setup; the bounds they check are
-// listed together in the README.
+// listed together in docs/operations/limits.md.
 //! Requests an attacker (or a broken client) sends: too wide, undecodable, oversized, empty
 //! keys, absurd hits. Each gets a precise client-fault status or a correct answer, costs
 //! bounded work, and harms no other request — on the memory store and on a real Redis.

@@ -1,5 +1,5 @@
 //! Overload against a real Redis that is slow, not dead: calls miss their deadline, the
-//! failure policy answers, and yet the limit holds within the README's bound, because late
+//! failure policy answers, and yet the limit holds within the bound in docs/operations/limits.md, because late
 //! answers still reach the over-limit cache and admitted requests are still counted.
 
 use std::sync::Arc;
@@ -109,7 +109,7 @@ async fn a_slow_redis_under_overload_admits_at_most_the_limit_plus_the_stated_bo
         failed > 0.0,
         "Redis was slow enough to miss deadlines: {page}"
     );
-    // README: over the limit, at most the requests of one instance in flight during one
+    // docs/configuration/failure-policy.md: over the limit, at most the requests of one instance in flight during one
     // store round trip, here its 256 callers.
     assert!(
         admitted <= LIMIT + 256,

@@ -423,7 +423,7 @@ async fn basic_config_matches_each_descriptor_to_its_rule() {
 }
 
 /// config_test.go:37 TestBasicConfig: a descriptor without entries. The reference answers it
-/// OK without a limit. Difference (README, "an override with unit `UNKNOWN`, ... a descriptor
+/// OK without a limit. Difference (docs/reference/differences.md, "an override with unit `UNKNOWN`, ... a descriptor
 /// without entries"): Envoy's proto requires at least one entry, so Sluice answers
 /// INVALID_ARGUMENT naming the descriptor, in a known domain and in an unknown one.
 #[tokio::test]
@@ -532,7 +532,7 @@ async fn a_request_override_replaces_the_configured_limit() {
 
 /// config_test.go:275 TestConfigLimitOverride: the reference counts an override under the
 /// domain and every entry's key and value (`test-domain.key1_value1.subkey1_something`).
-/// Difference (README, "the statistics of a request override"): Sluice names it by its keys
+/// Difference (docs/reference/differences.md, "the statistics of a request override"): Sluice names it by its keys
 /// only, so request values never become series; every value and every changed override count
 /// on under `test-domain.key1.subkey1`.
 #[tokio::test]

@@ -7,7 +7,7 @@
 //! first connection is confirmed, and whenever Redis fails) and, with
 //! `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, the config. Sluice follows the config (and
 //! shutdown) only: while Redis is down it stays healthy and answers by each rule's
-//! `failure_mode` (README, Differences: "health while Redis is down"); those cases assert
+//! `failure_mode` (docs/reference/differences.md: "health while Redis is down"); those cases assert
 //! Sluice's behaviour.
 
 use crate::common::redis::RedisServer;
@@ -55,7 +55,7 @@ async fn healthcheck_is_ok_while_redis_answers() {
 }
 
 /// health_test.go:33 TestHealthCheck: the reference's `/healthcheck` is 500 until the Redis
-/// connection is confirmed and while Redis fails. Difference (README, "health while Redis is
+/// connection is confirmed and while Redis fails. Difference (docs/reference/differences.md, "health while Redis is
 /// down"): Sluice's stays 200 throughout, and gRPC health SERVING, while the failure policy
 /// answers: restarting or unlisting every pod for Redis's outage would turn it into the
 /// rate limit service's outage. (Also health_test.go:75 and :109, the same with a config
@@ -105,7 +105,7 @@ async fn healthcheck_waits_for_a_config(store: &Store) {
 }
 
 /// health_test.go:69 TestHealthyWithAtLeastOneConfigLoaded: the reference's failing
-/// `/healthcheck` answers 500 with an empty body. Difference (README, "a failing
+/// `/healthcheck` answers 500 with an empty body. Difference (docs/reference/differences.md, "a failing
 /// `/healthcheck`"): Sluice answers 503 with the reason; probes and Envoy health checks fail
 /// on either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -407,7 +407,7 @@ async fn a_failing_store_is_a_redis_error() {
 
 /// ratelimit_test.go:506 TestInitialLoadError: when the first config fails to load, the
 /// reference keeps serving, answering each request with the error `no rate limit
-/// configuration loaded`. Difference (README, "a config that fails to load at startup"):
+/// configuration loaded`. Difference (docs/reference/differences.md, "a config that fails to load at startup"):
 /// Sluice does not start (`sluice serve` exits 64) and says which file and what is wrong.
 #[tokio::test]
 async fn a_first_config_that_fails_to_load_stops_startup_with_the_error() {

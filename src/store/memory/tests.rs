@@ -282,7 +282,7 @@ fn memory_is_bounded_in_bytes_whatever_the_values() {
     }
     let status = store.status();
     let bytes = status.bytes.unwrap();
-    // The README's bound: MAX_BYTES_PER_COUNTER per counter of the cap. 4,000 values of
+    // The bound in docs/operations/limits.md: MAX_BYTES_PER_COUNTER per counter of the cap. 4,000 values of
     // 8 KiB went through (32 MiB); the store holds a few hundred kilobytes.
     assert!(
         bytes <= MAX_BYTES_PER_COUNTER * max_keys,

@@ -1,4 +1,4 @@
--- Sluice: leased quota (README "Leased quota"); the driver, after the algorithms above.
+-- Sluice: leased quota (docs/configuration/leased-quota.md); the driver, after the algorithms above.
 -- Mirrors algorithm::lease in src/algorithm/mod.rs and MemoryStore's leases. An instance takes
 -- a block of units from a counter at once (a charge of many hits, of at most what is left),
 -- admits from it in memory, and hands back what it did not use.
