@@ -68,8 +68,10 @@ fn help_of(arg: &clap::Arg) -> String {
         .filter(|v| !v.is_hide_set())
         .map(|v| format!("`{}`", v.get_name()))
         .collect();
-    let is_switch = matches!(arg.get_action(), clap::ArgAction::SetTrue);
-    if !values.is_empty() && !is_switch && !(values.len() == 2 && values[0] == "`true`") {
+    // Booleans are switches whatever their possible values say.
+    let boolean = matches!(arg.get_action(), clap::ArgAction::SetTrue)
+        || (values.len() == 2 && values[0] == "`true`");
+    if !values.is_empty() && !boolean {
         let _ = write!(help, " (one of {})", values.join(", "));
     }
     cell(&help)
