@@ -14,6 +14,9 @@ use crate::store::resilient::ResilienceOptions;
 #[command(next_help_heading = "Failure policy")]
 pub struct FailureArgs {
     /// Deadline of every store call; past it the failure mode answers
+    ///
+    /// Keep it below Envoy's 20 ms default timeout; it is shortened further to the caller's
+    /// grpc-timeout. A call past it goes on in the background and its hits still count.
     #[arg(long, env = "REDIS_DEADLINE", default_value = "15ms", value_parser = parse_positive_duration)]
     pub redis_deadline: Duration,
 

@@ -35,6 +35,9 @@ pub struct StoreArgs {
     cache_key_prefix: String,
 
     /// Memory for the local over-limit cache, in bytes (0: off)
+    ///
+    /// About 128 bytes per counter; at least 512 KiB when on, as in the reference (whose tests
+    /// use 1000).
     #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value = "16777216")]
     local_cache_size_in_bytes: u64,
 
@@ -49,6 +52,9 @@ pub struct StoreArgs {
     redis_key_format: KeyFormat,
 
     /// Most random seconds added to a reference-layout counter's expiry (REDIS_KEY_FORMAT=reference)
+    ///
+    /// Each write of such a key sets its expiry to the unit plus a random 0..N-1 seconds, as
+    /// the reference does; Sluice's own keys expire exactly when their state ends.
     #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value = "300")]
     expiration_jitter_max_seconds: u64,
 
@@ -84,6 +90,9 @@ struct RedisArgs {
     redis_type: RedisKind,
 
     /// Redis password, or user:password for an ACL user
+    ///
+    /// Credentials Redis refuses count as an outage: the failure policy answers, and the error
+    /// is logged and shown in /rlconfig.
     #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
     redis_auth: Option<String>,
 
@@ -112,10 +121,16 @@ struct RedisArgs {
     redis_tls_skip_hostname_verification: bool,
 
     /// Multiplexed connections per Redis node
+    ///
+    /// Each connection carries one script call at a time, holding every request that arrived
+    /// while the previous call was out, so a few connections serve many requests.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value = "2", value_parser = parse_count::<NonZeroUsize>)]
     redis_pool_size: NonZeroUsize,
 
     /// Time allowed to connect to Redis
+    ///
+    /// Connections are made in the background: a request never waits longer than
+    /// REDIS_DEADLINE.
     #[arg(long, env = "REDIS_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
     redis_connect_timeout: Duration,
 }
@@ -128,6 +143,10 @@ struct PerSecondArgs {
     redis_persecond: bool,
 
     /// Address of the per-second Redis, in REDIS_URL's forms
+    ///
+    /// The TLS files (REDIS_TLS_CACERT, _CLIENT_CERT, _CLIENT_KEY,
+    /// _SKIP_HOSTNAME_VERIFICATION), CACHE_KEY_PREFIX, the deadline and the breaker settings
+    /// are shared with the main Redis, as in the reference.
     #[arg(long, env = "REDIS_PERSECOND_URL")]
     redis_persecond_url: Option<String>,
 

@@ -28,6 +28,8 @@ pub struct TelemetryArgs {
     prometheus_path: String,
 
     /// The reference's ratelimit_service_response_time_seconds histogram in milliseconds
+    ///
+    /// The buckets are statsd_exporter's defaults and the name stays, as the reference does.
     #[arg(long, env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS")]
     pub prometheus_response_time_as_milliseconds: bool,
 
