@@ -3,7 +3,8 @@
 //! Endpoints:
 //! - `POST /json`: a `RateLimitRequest` in proto3 JSON → the `RateLimitResponse`; 200 OK,
 //!   429 over limit, 400 bad input (with the reason), 503 store unavailable;
-//! - `GET /healthcheck`: 200 `OK` while serving, 503 from the moment shutdown starts;
+//! - `GET /healthcheck`: 200 `OK` while serving, 503 from the moment shutdown starts, 500
+//!   while `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` finds no domain (as the reference);
 //! - `GET /ready`: 200 once the policy is loaded and until draining starts, else 503;
 //! - `GET /rlconfig`: the loaded rules, sorted, then `#` lines on the config and the store;
 //! - `GET /metrics`: Prometheus text exposition;
@@ -116,6 +117,10 @@ fn bad_request(message: String) -> Response {
 async fn healthcheck(State(state): State<AdminState>) -> Response {
     if state.health.is_serving() {
         (StatusCode::OK, "OK").into_response()
+    } else if state.health.waits_for_config() {
+        // No domain loaded under HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: 500, as the
+        // reference's health handler answers it.
+        (StatusCode::INTERNAL_SERVER_ERROR, state.health.reason()).into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, state.health.reason()).into_response()
     }

@@ -435,9 +435,9 @@ impl Prepared {
     ) -> JoinHandle<()> {
         let stop = drain.clone().cancelled_owned();
         let Some(xds) = &self.settings.xds else {
-            return tokio::spawn(self.reloader().run(stop));
+            return tokio::spawn(self.reloader(health).run(stop));
         };
-        let swap = self.policy_swap();
+        let swap = self.policy_swap(health);
         let load = LoadOptions {
             merge_domains: self.settings.merge_domains,
         };
@@ -445,7 +445,7 @@ impl Prepared {
     }
 
     /// Watches the config directory (and SIGHUP) and swaps the policy.
-    fn reloader(&self) -> Reloader {
+    fn reloader(&self, health: &Arc<Health>) -> Reloader {
         Reloader::new(
             ReloadOptions {
                 dir: self.settings.config_dir.clone(),
@@ -457,17 +457,18 @@ impl Prepared {
                 deadline: LOAD_DEADLINE,
                 keep_when_empty: !self.settings.require_config,
             },
-            self.policy_swap(),
+            self.policy_swap(health),
         )
     }
 
     /// The swap every config source goes through, into the limiter.
-    fn policy_swap(&self) -> PolicySwap {
+    fn policy_swap(&self, health: &Arc<Health>) -> PolicySwap {
         PolicySwap::new(
             self.limiter.clone(),
             self.metrics.config(),
             self.config.clone(),
         )
+        .with_health(health.clone())
     }
 
     /// What the metrics endpoints render.

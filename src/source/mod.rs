@@ -47,6 +47,9 @@ pub struct PolicySwap {
     limiter: Arc<Limiter>,
     metrics: ConfigMetrics,
     info: SharedConfigInfo,
+    /// Told whether the policy in force has a domain, in the step that swaps it in (before
+    /// the load is counted: a probe that waits for the metric then sees the health too).
+    health: Option<Arc<crate::health::Health>>,
 }
 
 /// Config loads, as the reference counts them.
@@ -96,6 +99,15 @@ impl PolicySwap {
             limiter,
             metrics,
             info,
+            health: None,
+        }
+    }
+
+    /// The same swap, also telling `health` whether the policy in force has a domain.
+    pub fn with_health(self, health: Arc<crate::health::Health>) -> Self {
+        Self {
+            health: Some(health),
+            ..self
         }
     }
 
@@ -112,6 +124,9 @@ impl PolicySwap {
                 let domains = loaded.policy.domain_count();
                 let policy = Arc::new(loaded.policy);
                 self.limiter.set_policy(policy);
+                if let Some(health) = &self.health {
+                    health.set_config_loaded(domains > 0);
+                }
                 self.metrics.loaded(true);
                 tracing::info!(
                     reason,

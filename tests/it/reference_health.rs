@@ -104,15 +104,13 @@ async fn healthcheck_waits_for_a_config(store: &Store) {
     .await;
 }
 
-/// health_test.go:69 TestHealthyWithAtLeastOneConfigLoaded: the reference's failing
-/// `/healthcheck` answers 500 with an empty body. Difference (docs/reference/differences.md, "a failing
-/// `/healthcheck`"): Sluice answers 503 with the reason; probes and Envoy health checks fail
-/// on either.
+/// health_test.go:69 TestHealthyWithAtLeastOneConfigLoaded: with no domain loaded the
+/// reference's `/healthcheck` answers 500; so does Sluice's (with the reason in the body).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_healthcheck_is_503_with_the_reason() {
+async fn without_a_domain_the_healthcheck_is_500_with_the_reason() {
     let (server, _dir) = needing_config(&Store::memory()).await;
     let (status, body) = healthcheck(&server).await;
-    assert_eq!(status, 503);
+    assert_eq!(status, 500);
     assert!(!body.trim().is_empty(), "the reason is given");
 }
 

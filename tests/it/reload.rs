@@ -377,18 +377,25 @@ async fn with_healthy_with_at_least_one_config_loaded_health_waits_for_a_domain(
     // An empty directory: no domain in force, so unhealthy everywhere.
     assert_eq!(
         http_get(server.http_addr, "/healthcheck").await.unwrap(),
-        (503, "no rate limit config loaded".to_owned())
+        (500, "no rate limit config loaded".to_owned())
     );
     assert_eq!(
         grpc_status("ratelimit").await,
         ServingStatus::NotServing as i32
     );
-    // The first domain arrives: healthy, on both.
+    // The first domain arrives: healthy, on both; /healthcheck in the same step that counts
+    // the load (a probe that waits for the metric must not see 500 after it).
+    let loads = || async {
+        let (_, page) = http_get(server.http_addr, "/metrics").await.unwrap();
+        crate::common::metric::<u64>(&page, "ratelimit_service_config_load_success").unwrap_or(0)
+    };
+    let before = loads().await;
     write(&dir, "r.yaml", FIVE);
-    crate::common::eventually("healthcheck answers 200", || async {
-        http_get(server.http_addr, "/healthcheck").await.unwrap().0 == 200
-    })
-    .await;
+    crate::common::eventually("the load is counted", || async { loads().await > before }).await;
+    assert_eq!(
+        http_get(server.http_addr, "/healthcheck").await.unwrap().0,
+        200
+    );
     crate::common::eventually("gRPC health serving", || async {
         grpc_status("").await == ServingStatus::Serving as i32
     })
