@@ -51,6 +51,19 @@ pub(crate) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter
     register(registry, IntCounter::new(name, help).expect("valid metric"))
 }
 
+/// Registers a new gauge vector into `registry`.
+pub(crate) fn gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::IntGaugeVec {
+    register(
+        registry,
+        prometheus::IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
 /// Registers a new gauge into `registry`.
 pub(crate) fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     register(registry, IntGauge::new(name, help).expect("valid metric"))

@@ -145,6 +145,8 @@ impl Limiter {
 
     /// Reports every decision to `observer` (metrics).
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        // The policy in force is the first the observer hears of (its limits as series).
+        observer.policy_swapped(&self.policy.load());
         self.observer = observer;
         self
     }

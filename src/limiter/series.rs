@@ -12,7 +12,7 @@ use parking_lot::{Mutex, RwLock};
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
 use super::{LimitEvent, Observer};
-use crate::metrics::{counter, counter_vec};
+use crate::metrics::{counter, counter_vec, gauge_vec};
 use crate::policy::Policy;
 
 /// Label value of the series that takes hits past the detailed-series cap.
@@ -49,6 +49,9 @@ pub struct RuleSeries {
     global_shadow_mode: IntCounter,
     /// What override series' last use is measured from.
     started: std::time::Instant,
+    /// Each rule's configured limits: hits per window, and a token bucket's burst.
+    limits: prometheus::IntGaugeVec,
+    bursts: prometheus::IntGaugeVec,
     /// When a full cap last looked for idle override series (seconds from `started`).
     last_sweep: std::sync::atomic::AtomicU64,
     /// Seconds added to `started`'s clock (tests move it; 0 otherwise).
@@ -81,6 +84,9 @@ struct RuleHandles {
 }
 
 const RULE_LABELS: [&str; 4] = ["domain", "rule", "key1", "key2"];
+
+/// The rule's labels, its window (`60s`) and its algorithm.
+const LIMIT_LABELS: [&str; 6] = ["domain", "rule", "key1", "key2", "window", "algorithm"];
 
 /// Values of [`RULE_LABELS`].
 type Labels = [String; 4];
@@ -154,6 +160,18 @@ impl RuleSeries {
                 "Requests over the limit that the global SHADOW_MODE answered OK",
             ),
             started: std::time::Instant::now(),
+            limits: gauge_vec(
+                r,
+                "sluice_rule_limit",
+                "Each rule's configured limit: hits per window (labels: the rule's, its window, its algorithm)",
+                &LIMIT_LABELS,
+            ),
+            bursts: gauge_vec(
+                r,
+                "sluice_rule_burst",
+                "Each token bucket rule's burst (its capacity)",
+                &LIMIT_LABELS,
+            ),
             last_sweep: Default::default(),
             skew: Default::default(),
         }
@@ -192,6 +210,47 @@ impl RuleSeries {
         let values: Vec<&str> = labels.iter().map(String::as_str).collect();
         for vec in self.rules.all() {
             let _ = vec.remove_label_values(&values);
+        }
+    }
+
+    /// The configured limits of `policy`'s rules as gauges, replacing those of the policy
+    /// before (one series per limit of a rule: bounded by the config, never by requests).
+    fn set_limits(&self, policy: &Policy) {
+        self.limits.reset();
+        self.bursts.reset();
+        for (domain, rule) in policy.rules_by_domain() {
+            let crate::policy::RuleLimit::Limited(limits) = &rule.limit else {
+                continue;
+            };
+            let parts: Vec<String> = rule
+                .levels
+                .iter()
+                .map(|level| match &level.value {
+                    Some(value) => format!("{}_{value}", level.key),
+                    None => level.key.clone(),
+                })
+                .collect();
+            let part = |i: usize| parts.get(i).map_or("", String::as_str);
+            for limit in limits {
+                let window = format!("{}s", limit.window() / crate::algorithm::SECOND);
+                let values = [
+                    domain,
+                    rule.stats_key.as_str(),
+                    part(0),
+                    part(1),
+                    window.as_str(),
+                    limit.algorithm.as_str(),
+                ];
+                let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                self.limits
+                    .with_label_values(&values)
+                    .set(clamp(limit.requests_per_unit));
+                if limit.algorithm == crate::algorithm::Algorithm::TokenBucket {
+                    self.bursts
+                        .with_label_values(&values)
+                        .set(clamp(limit.burst.unwrap_or(limit.requests_per_unit)));
+                }
+            }
         }
     }
 
@@ -477,6 +536,7 @@ impl Observer for RuleSeries {
 
     fn policy_swapped(&self, policy: &Policy) {
         self.retain(policy);
+        self.set_limits(policy);
     }
 }
 

@@ -249,6 +249,18 @@ impl Policy {
         rules
     }
 
+    /// Every counted or unlimited rule with the name of its domain, sorted by stats key.
+    pub fn rules_by_domain(&self) -> Vec<(&str, &Rule)> {
+        let mut rules = Vec::new();
+        for (name, domain) in &self.domains {
+            let mut of_domain = Vec::new();
+            domain.children.collect_rules(&mut of_domain);
+            rules.extend(of_domain.into_iter().map(|r| (name.as_str(), r)));
+        }
+        rules.sort_by(|a, b| a.1.stats_key.cmp(&b.1.stats_key));
+        rules
+    }
+
     /// The sorted, human-readable rule listing served at `/rlconfig`, one rule per line in
     /// the reference service's layout.
     pub fn dump(&self) -> String {

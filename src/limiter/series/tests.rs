@@ -456,3 +456,27 @@ async fn override_series_are_capped_shortened_and_go_away_when_idle() {
         Some(1)
     );
 }
+
+#[tokio::test]
+async fn each_rules_limit_is_a_gauge_that_follows_reloads() {
+    let metrics = Arc::new(Metrics::new(0.8, 100));
+    let config = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: path\n    value: /login\n    rate_limits:\n      - {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 20}\n      - {unit: day, requests_per_unit: 1000}\n";
+    let _limiter = observed(config, LimiterOptions::default(), &metrics);
+    let text = metrics.render();
+    let user =
+        r#"algorithm="fixed_window",domain="m",key1="user",key2="",rule="m.user",window="3600s""#;
+    assert_eq!(sample(&text, "sluice_rule_limit", user), Some(10));
+    let bucket = r#"algorithm="token_bucket",domain="m",key1="path_/login",key2="",rule="m.path_/login",window="1s""#;
+    assert_eq!(sample(&text, "sluice_rule_limit", bucket), Some(5));
+    assert_eq!(sample(&text, "sluice_rule_burst", bucket), Some(20));
+    let daily = r#"algorithm="fixed_window",domain="m",key1="path_/login",key2="",rule="m.path_/login",window="86400s""#;
+    assert_eq!(sample(&text, "sluice_rule_limit", daily), Some(1000));
+    // A reload: the removed rule's gauge goes, a changed limit is the new one.
+    let smaller = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
+    metrics
+        .series
+        .policy_swapped(&crate::config::policy_for_tests(smaller));
+    let text = metrics.render();
+    assert_eq!(sample(&text, "sluice_rule_limit", user), Some(7));
+    assert!(!text.contains("path_/login"), "{text}");
+}
