@@ -71,6 +71,7 @@ fn descriptors(
                 quota_mode: d.quota_mode,
                 detailed_metric: d.detailed_metric,
                 value_to_metric: false,
+                response_headers: None,
                 share_threshold: false,
                 metadata: d.metadata.as_ref().map(|s| struct_value(s, 0)),
                 failure_mode: None,

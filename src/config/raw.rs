@@ -56,6 +56,10 @@ pub struct RawDescriptor {
     /// Runtime values of wildcard/key-only entries in metric names.
     #[serde(default)]
     pub value_to_metric: bool,
+    /// `false`: the rule's limits stay out of the response headers and body Sluice writes
+    /// (Sluice extension; default true).
+    #[serde(default)]
+    pub response_headers: Option<bool>,
     /// A wildcard value whose matches all share one counter.
     #[serde(default)]
     pub share_threshold: bool,
@@ -196,6 +200,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "quota_mode",
     "detailed_metric",
     "value_to_metric",
+    "response_headers",
     "share_threshold",
     "metadata",
     "failure_mode",

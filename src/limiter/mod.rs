@@ -309,6 +309,7 @@ impl Limiter {
                         0
                     },
                     reset_after: None,
+                    hidden: false,
                 });
                 continue;
             };

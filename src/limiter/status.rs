@@ -47,7 +47,9 @@ pub(super) fn status(
             d.reset_after
         }
     };
-    for (limit, d) in limits.iter().zip(decisions) {
+    // A rule with `response_headers: false` is left out of what the client is told.
+    let hidden = rule.is_some_and(|r| !r.response_headers);
+    for (limit, d) in limits.iter().zip(decisions).filter(|_| !hidden) {
         let algorithm_limit = limit.algorithm_limit();
         applied.push(AppliedLimit {
             descriptor: described.index,
@@ -80,6 +82,7 @@ pub(super) fn status(
             limit: None,
             remaining: 0,
             reset_after: None,
+            hidden,
         };
     };
     DescriptorStatus {
@@ -91,6 +94,7 @@ pub(super) fn status(
         limit: reported(limit),
         remaining: clamp_u32(remaining(limit, decision)),
         reset_after: Some(wait(decision)),
+        hidden,
     }
 }
 

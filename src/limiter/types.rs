@@ -170,6 +170,9 @@ pub struct DescriptorStatus {
     /// When over the limit: the time until the hits could pass; otherwise the time until the
     /// budget is fully restored. `None` when no limit applied.
     pub reset_after: Option<Micros>,
+    /// Whether its rule keeps its limits out of the response headers and body Sluice writes
+    /// (`response_headers: false`); Envoy still gets the status.
+    pub hidden: bool,
 }
 
 /// The limit reported in a status (`current_limit`).
@@ -191,7 +194,7 @@ impl Response {
         }
         self.statuses
             .iter()
-            .filter(|s| s.code == Code::OverLimit)
+            .filter(|s| s.code == Code::OverLimit && !s.hidden)
             .filter_map(|s| s.reset_after)
             .max()
     }

@@ -76,6 +76,9 @@ pub struct Rule {
     pub quota_mode: bool,
     /// `detailed_metric`: metrics per runtime value (bounded; see the metrics docs).
     pub detailed_metric: bool,
+    /// Whether the rule's limits appear in the response headers and body Sluice writes
+    /// (`response_headers: false` keeps a limit that protects the service unadvertised).
+    pub response_headers: bool,
     /// Whether some level on the path to this rule has `value_to_metric` (see [`Level`]):
     /// its series then carry runtime values.
     pub value_to_metric: bool,

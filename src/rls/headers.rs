@@ -206,6 +206,7 @@ mod tests {
                 limit: None,
                 remaining: l.remaining as u32,
                 reset_after: Some(l.reset_after),
+                hidden: false,
             })
             .collect();
         Response {

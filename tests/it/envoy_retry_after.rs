@@ -6,13 +6,13 @@ use crate::common::envoy::{self, Bootstrap};
 use crate::common::{TestServer, config_dir};
 use sluice::settings::Settings;
 
-const CONFIG: &str =
-    "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+const CONFIG: &str = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
 
 /// The `retry-after` headers of a refused request, with Envoy's own header on or off and
 /// Sluice's on or off.
 async fn retry_afters(envoy_writes: bool, sluice_writes: bool) -> (u16, Vec<String>) {
-    let mut settings = Settings::for_tests(config_dir("envoy-retry-after", &[("edge.yaml", CONFIG)]));
+    let mut settings =
+        Settings::for_tests(config_dir("envoy-retry-after", &[("edge.yaml", CONFIG)]));
     settings.response.retry_after = sluice_writes;
     let sluice = TestServer::start_with(settings).await;
     let mut bootstrap = Bootstrap::new(sluice.grpc_addr.port());

@@ -20,6 +20,7 @@ mod envoy;
 mod envoy_budgets;
 mod envoy_deploy;
 mod envoy_fail_closed;
+mod envoy_hidden_limits;
 mod envoy_retry_after;
 mod envoy_tracing;
 mod fuzz_service;

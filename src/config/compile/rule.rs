@@ -60,6 +60,7 @@ impl Cx<'_> {
             shadow_mode: descriptor.shadow_mode,
             quota_mode: descriptor.quota_mode,
             detailed_metric: descriptor.detailed_metric,
+            response_headers: descriptor.response_headers.unwrap_or(true),
             value_to_metric: self.levels.iter().any(|l| l.value_to_metric),
             shared: self.shared.clone(),
             failure_mode: self.failure_mode,
