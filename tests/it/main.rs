@@ -49,4 +49,5 @@ mod statsd;
 mod store_contract;
 mod tracing;
 mod usage_budgets;
+mod valkey;
 mod xds;

@@ -34,6 +34,8 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    /// `redis-server`, or `valkey-server` (which takes the same arguments).
+    program: &'static str,
 }
 
 impl RedisServer {
@@ -55,6 +57,11 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (config directives).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_program("redis-server", extra)
+    }
+
+    /// Starts `program` (`redis-server` or `valkey-server`) with extra arguments.
+    pub fn start_program(program: &'static str, extra: &[&str]) -> Self {
         let dir = super::temp_dir("redis");
         let cluster = extra.contains(&"--cluster-enabled");
         let mut server = Self {
@@ -66,6 +73,7 @@ impl RedisServer {
             },
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            program,
         };
         server.spawn(true);
         server
@@ -80,7 +88,7 @@ impl RedisServer {
         let cluster = self.extra.iter().any(|a| a == "--cluster-enabled");
         for _ in 0..5 {
             let log = self.dir.join("redis.log");
-            let child = Command::new("redis-server")
+            let child = Command::new(self.program)
                 .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
                 .arg("--dir")
@@ -91,7 +99,12 @@ impl RedisServer {
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
                 .spawn()
-                .expect("redis-server not found: run ./scripts/test, which installs it");
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{} not found ({e}): run ./scripts/test, which installs it",
+                        self.program
+                    )
+                });
             self.child = Some(child);
             let started = std::time::Instant::now();
             loop {
@@ -198,16 +211,25 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
+        Self::start_program("redis-server")
+    }
+
+    /// A three-master Cluster of `program` (`redis-server` or `valkey-server`), created with
+    /// redis-cli (the Cluster protocol is the same).
+    pub fn start_program(program: &'static str) -> Self {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
+                RedisServer::start_program(
+                    program,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                    ],
+                )
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -266,6 +288,7 @@ pub struct RedisSentinel {
 
 impl RedisSentinel {
     pub fn start(master: &RedisServer, name: &str) -> Self {
+        let program = master.program;
         let dir = super::temp_dir("sentinel");
         let port = free_port();
         let config = dir.join("sentinel.conf");
@@ -278,18 +301,19 @@ impl RedisSentinel {
             ),
         )
         .unwrap();
-        let child = Command::new("redis-server")
+        let child = Command::new(program)
             .arg(&config)
             .arg("--sentinel")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("redis-server not found: run ./scripts/test, which installs it");
+            .expect("the server binary not found: run ./scripts/test, which installs it");
         let server = RedisServer {
             child: Some(child),
             port,
             dir,
             extra: Vec::new(),
+            program,
         };
         eventually_blocking("sentinel to know the master", || {
             command(port, &["SENTINEL", "get-master-addr-by-name", name])
