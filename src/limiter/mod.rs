@@ -318,7 +318,7 @@ impl Limiter {
             let (own_ops, rest) = ops.split_at(limits.len());
             ops = rest;
             let counted = limits.iter().zip(own).zip(own_ops);
-            self.observe(request, descriptor, *rule, counted, &cached);
+            self.observe(request, descriptor, *rule, counted, &cached, admitted);
             // Hits of an allowed descriptor in a rejected request were not charged.
             let uncharged = if admitted {
                 0
@@ -356,6 +356,7 @@ impl Limiter {
         rule: Option<&Rule>,
         counted: impl Iterator<Item = ((&'a RateLimit, &'a Decision), &'a CounterOp)>,
         cached: &[&CounterKey],
+        admitted: bool,
     ) {
         if let Some(((limit, decision), op)) =
             counted.min_by_key(|((_, d), _)| (d.allowed, d.remaining))
@@ -367,6 +368,7 @@ impl Limiter {
                 limit,
                 decision,
                 from_cache: cached.contains(&&op.key),
+                charged: admitted || crate::algorithm::applies_unconditionally(&op.limit, op.hits),
             });
         }
     }

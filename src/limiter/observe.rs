@@ -22,6 +22,10 @@ pub struct LimitEvent<'a> {
     pub decision: &'a Decision,
     /// Whether the local over-limit cache refused this counter (no store decided it).
     pub from_cache: bool,
+    /// Whether an allowed decision's hits were charged: the request was admitted (or the
+    /// counter counts whatever the decisions, a usage budget's). A descriptor that fits in a
+    /// request another refuses was not.
+    pub charged: bool,
 }
 
 /// Receives what the limiter does. Every method has an empty default.

@@ -450,7 +450,15 @@ impl RuleSeries {
         let near = (quota as f64 * self.near_limit_ratio).floor() as u64;
         if d.allowed {
             h.within_limit.inc_by(hits);
+            // The count after these hits; for hits that fit in a request another descriptor
+            // refused, which were not charged, the count as it stays (the reference's
+            // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT accounting).
             let after = quota.saturating_sub(d.remaining);
+            let after = if event.charged {
+                after
+            } else {
+                after.saturating_sub(hits)
+            };
             if after > near {
                 h.near_limit.inc_by((after - near).min(hits));
             }

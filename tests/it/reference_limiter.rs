@@ -392,7 +392,8 @@ async fn a_shadow_rule_past_its_limit_is_answered_from_the_cache() {
 /// fixed_cache_impl_test.go:639 TestOverLimitWithStopCacheKeyIncrementWhenOverlimitConfig:
 /// once one descriptor of a request is refused, the other's counter is not charged (what
 /// Sluice always does: a refused request charges nothing), while its status and statistics
-/// count its hits as within the limit, as the reference's do. Per-descriptor hits, two
+/// count its hits as within the limit and near it by what the uncharged count says, as the
+/// reference's do. Per-descriptor hits, two
 /// descriptors starting at 10 of 15 and 10 of 14.
 async fn a_refused_request_charges_no_descriptor(store: &Store) {
     let (server, mut client) = start(store).await;
@@ -422,7 +423,9 @@ async fn a_refused_request_charges_no_descriptor(store: &Store) {
             2,
             Code::OverLimit,
             [(Code::Ok, 2), (Code::OverLimit, 0)],
-            [stats(2, 2, 0, 2), stats(2, 0, 1, 1)],
+            // key4's 2 hits were not charged: near the limit by 1 (13 of 15, the threshold
+            // 12), as the reference counts them (fixed_cache_impl_test.go:742).
+            [stats(2, 2, 0, 1), stats(2, 0, 1, 1)],
         ),
     ];
     for (hits, overall, [(c4, r4), (c5, r5)], [want4, want5]) in steps {
