@@ -189,24 +189,11 @@ impl Resilient {
         let mut local_ops = Vec::new();
         let mut local_index = Vec::new();
         for (i, op) in batch.ops.iter().enumerate() {
-            let reset = op.limit.window_left(now);
             decisions[i] = match op.failure_mode {
                 // (`envoy` was answered above.)
-                FailureMode::Allow | FailureMode::Envoy => Some(Decision {
-                    overdraft: 0,
-                    allowed: true,
-                    remaining: op.limit.requests,
-                    reset_after: reset,
-                    retry_after: None,
-                }),
-                FailureMode::Deny => Some(Decision {
-                    overdraft: 0,
-                    allowed: op.hits <= 0,
-                    remaining: 0,
-                    reset_after: reset,
-                    // The outage's end is unknown; a second is a polite first retry.
-                    retry_after: (op.hits > 0).then_some(reset.min(SECOND)),
-                }),
+                FailureMode::Allow | FailureMode::Envoy | FailureMode::Deny => {
+                    Some(fixed_answer(op, now))
+                }
                 FailureMode::Local => {
                     local_index.push(i);
                     local_ops.push(CounterOp {
@@ -254,6 +241,29 @@ impl Resilient {
             decided_at: None,
             calls: Default::default(),
         })
+    }
+}
+
+/// What `allow` and `deny` answer for `op` at `now`, without a store.
+fn fixed_answer(op: &CounterOp, now: crate::algorithm::Micros) -> Decision {
+    let reset = op.limit.window_left(now);
+    if op.failure_mode == FailureMode::Deny {
+        Decision {
+            overdraft: 0,
+            allowed: op.hits <= 0,
+            remaining: 0,
+            reset_after: reset,
+            // The outage's end is unknown; a second is a polite first retry.
+            retry_after: (op.hits > 0).then_some(reset.min(SECOND)),
+        }
+    } else {
+        Decision {
+            overdraft: 0,
+            allowed: true,
+            remaining: op.limit.requests,
+            reset_after: reset,
+            retry_after: None,
+        }
     }
 }
 

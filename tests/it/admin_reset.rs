@@ -236,16 +236,6 @@ fn every_reset_attempt_is_logged_with_who_asked() {
     });
 }
 
-/// `mkfifo path`: a FIFO, whose plain read would wait for a writer forever.
-fn mkfifo(path: &std::path::Path) {
-    let _ = std::fs::remove_file(path);
-    let made = std::process::Command::new("mkfifo")
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(made.success());
-}
-
 /// A token file that turns into a FIFO (or any file no read can finish) wedges nothing: the
 /// reset answers 503 at once without naming the file or the system's error (the log does),
 /// decisions and the health check go on, and a token file that is fixed works again. At
@@ -271,7 +261,7 @@ async fn a_token_file_that_cannot_be_read_blocks_nothing_and_names_nothing() {
         .await
         .unwrap()
     };
-    mkfifo(&token);
+    crate::common::mkfifo(&token);
     for _ in 0..3 {
         let (status, body) = delete().await;
         assert_eq!(status, 503, "{body}");
@@ -308,7 +298,7 @@ async fn a_token_file_that_cannot_be_read_blocks_nothing_and_names_nothing() {
     drop(sluice);
 
     // At start-up: exit 64 with the variable named, at once.
-    mkfifo(&token);
+    crate::common::mkfifo(&token);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--config"])
         .arg(&dir)

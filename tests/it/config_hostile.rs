@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::replace_file as write;
 use crate::common::{DomainClient, SluiceProcess, config_dir, http_get};
 
 const ONE: &str =
@@ -15,14 +16,6 @@ const FIVE: &str =
 
 fn symlink(target: &str, link: &Path) {
     std::os::unix::fs::symlink(target, link).unwrap();
-}
-
-fn mkfifo(path: &Path) {
-    let made = std::process::Command::new("mkfifo")
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(made.success());
 }
 
 /// Polls `/rlconfig` of `sluice` until it contains `needle` (failing with the page and the
@@ -42,12 +35,6 @@ async fn until_rlconfig(sluice: &SluiceProcess, needle: &str) -> String {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    let temp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&temp, text).unwrap();
-    std::fs::rename(temp, dir.join(name)).unwrap();
 }
 
 fn args() -> Vec<&'static str> {
@@ -79,7 +66,7 @@ async fn a_fifo_named_like_a_config_is_refused_and_later_changes_load() {
     let dir = config_dir("hostile-fifo", &[("h.yaml", ONE)]);
     let sluice = SluiceProcess::spawn(&dir, &args());
     let client = DomainClient::connect(&sluice.grpc, "h");
-    mkfifo(&dir.join("trap.yaml"));
+    crate::common::mkfifo(&dir.join("trap.yaml"));
     let page = until_rlconfig(&sluice, "rejected").await;
     assert!(
         page.contains("trap.yaml") && page.contains("not a regular file"),
@@ -97,7 +84,7 @@ async fn a_fifo_named_like_a_config_is_refused_and_later_changes_load() {
     assert_eq!(client.hit("k=b").await.remaining(), vec![4]);
 
     // At start-up the same FIFO is an error naming it, not a hang.
-    mkfifo(&dir.join("trap.yaml"));
+    crate::common::mkfifo(&dir.join("trap.yaml"));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--config"])
         .arg(&dir)

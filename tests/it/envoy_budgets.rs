@@ -170,22 +170,24 @@ async fn an_estimate_settles_to_the_actual(sluice: &TestServer) {
     settled(sluice, "under", 80).await;
 }
 
-/// Sluice's own headers on (RateLimit-Policy and RateLimit beside Retry-After).
-fn with_headers(mut settings: Settings) -> Settings {
+/// Sluice on the memory store, or on `redis`, with its own headers on (RateLimit-Policy and
+/// RateLimit beside Retry-After).
+async fn server(redis: Option<&RedisServer>) -> TestServer {
+    let mut settings = Settings::for_tests(config_dir("envoy-budgets", &[("edge.yaml", CONFIG)]));
     settings.response.draft_headers = true;
-    settings
+    if let Some(redis) = redis {
+        settings.backend = Backend::Redis;
+        settings.redis = Some(RedisOptions::new(redis.url(), RedisKind::Single));
+    }
+    TestServer::start_with(settings).await
 }
 
 async fn memory() -> TestServer {
-    let settings = Settings::for_tests(config_dir("envoy-budgets", &[("edge.yaml", CONFIG)]));
-    TestServer::start_with(with_headers(settings)).await
+    server(None).await
 }
 
 async fn redis(redis: &RedisServer) -> TestServer {
-    let mut settings = Settings::for_tests(config_dir("envoy-budgets", &[("edge.yaml", CONFIG)]));
-    settings.backend = Backend::Redis;
-    settings.redis = Some(RedisOptions::new(redis.url(), RedisKind::Single));
-    TestServer::start_with(with_headers(settings)).await
+    server(Some(redis)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 
 use crate::common::redis::{RedisCluster, RedisServer};
 use crate::common::{SluiceProcess, config_dir};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 // A day-long window, so that no window boundary falls inside a test run.
 const CONFIG: &str = "domain: fleet\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 100}\n";
@@ -14,15 +13,7 @@ const CONFIG: &str = "domain: fleet\ndescriptors:\n  - key: user\n    rate_limit
 /// Sends 600 requests for one descriptor, round-robin over `instances`, 60 at a time;
 /// returns the count of each answer ("OK", "OVER_LIMIT", or the gRPC error code).
 async fn drive(instances: &[SluiceProcess], user: &str) -> HashMap<String, usize> {
-    let mut clients = Vec::new();
-    for instance in instances {
-        clients.push(
-            RateLimitServiceClient::connect(format!("http://{}", instance.grpc))
-                .await
-                .unwrap(),
-        );
-    }
-    crate::common::drive(&clients, "fleet", &[("user", user)], 600, 60).await
+    crate::common::drive_processes(instances, "fleet", &[("user", user)], 600, 60).await
 }
 
 fn expect(counts: &HashMap<String, usize>, ok: usize, over: usize) {

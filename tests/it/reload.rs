@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common::replace_file as write;
 use crate::common::{
     SluiceProcess, TestServer, config_dir, descriptor, http_get, request, should_rate_limit,
 };
@@ -33,13 +34,6 @@ async fn until_rlconfig(server: &TestServer, needle: &str) -> Duration {
 async fn remaining(server: &TestServer, domain: &str, key: &str, value: &str) -> u32 {
     let decision = server.domain(domain).hit(&format!("{key}={value}")).await;
     decision.remaining()[0]
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    // Write beside, then rename: how tools and ConfigMaps replace files atomically.
-    let temp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&temp, text).unwrap();
-    std::fs::rename(temp, dir.join(name)).unwrap();
 }
 
 async fn server_on(dir: &Path) -> TestServer {

@@ -189,18 +189,8 @@ async fn dogstatsd_over_udp_carries_extra_tags_as_tags() {
     for _ in 0..3 {
         shop.hit("api_key=k-1").await;
     }
-    let mut lines = Vec::new();
     let wanted = "ratelimit.service.rate_limit.shop.api_key.over_limit:1|c|#zone:eu-1";
-    while !lines.iter().any(|l: &String| l == wanted) {
-        let mut packet = vec![0; 65536];
-        let n = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut packet))
-            .await
-            .expect("a datagram within 10 s")
-            .unwrap();
-        assert!(n <= 1432, "a datagram of {n} bytes");
-        let text = String::from_utf8(packet[..n].to_vec()).unwrap();
-        lines.extend(text.lines().map(str::to_owned));
-    }
+    let lines = datagram_lines(&socket, |lines| lines.iter().any(|l| l == wanted)).await;
     assert!(
         lines.iter().all(|l| l.ends_with("|#zone:eu-1")),
         "{lines:?}"
@@ -404,7 +394,6 @@ async fn an_oversized_line_is_dropped_alone_and_values_cannot_forge_tags() {
         shop.hit(&format!("route=r{route},method=GET")).await;
     }
     shop.hit("route=victim.over_limit#x=y[z],method=GET").await;
-    let mut lines: Vec<String> = Vec::new();
     let done = |lines: &[String]| {
         (0..300).all(|r| {
             let name =
@@ -412,19 +401,7 @@ async fn an_oversized_line_is_dropped_alone_and_values_cannot_forge_tags() {
             lines.contains(&name)
         }) && lines.iter().any(|l| l.contains("victim"))
     };
-    while !done(&lines) {
-        let mut packet = vec![0; 65536];
-        let n = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut packet))
-            .await
-            .expect("a datagram within 10 s")
-            .unwrap();
-        assert!(n <= 1432, "a datagram of {n} bytes");
-        lines.extend(
-            String::from_utf8_lossy(&packet[..n])
-                .lines()
-                .map(str::to_owned),
-        );
-    }
+    let lines = datagram_lines(&socket, done).await;
     assert!(
         !lines.iter().any(|l| l.contains(&long)),
         "the oversized line was sent"
@@ -442,4 +419,24 @@ async fn an_oversized_line_is_dropped_alone_and_values_cannot_forge_tags() {
     assert!(page.contains("l11_"), "the deep rule was counted: {page}");
     let dropped: u64 = crate::common::metric(&page, "sluice_stats_dropped_total").unwrap_or(0);
     assert!(dropped >= 1, "the oversized line is counted: {page}");
+}
+
+/// The lines of the DogStatsD datagrams `socket` receives until `done` holds for them; every
+/// datagram within the 1,432-byte bound.
+async fn datagram_lines(
+    socket: &tokio::net::UdpSocket,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    while !done(&lines) {
+        let mut packet = vec![0; 65536];
+        let n = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut packet))
+            .await
+            .expect("a datagram within 10 s")
+            .unwrap();
+        assert!(n <= 1432, "a datagram of {n} bytes");
+        let text = String::from_utf8(packet[..n].to_vec()).unwrap();
+        lines.extend(text.lines().map(str::to_owned));
+    }
+    lines
 }

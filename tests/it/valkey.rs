@@ -7,7 +7,6 @@ use std::collections::HashMap;
 
 use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer};
 use crate::common::{SluiceProcess, config_dir};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 const VALKEY: &str = "valkey-server";
 
@@ -35,15 +34,7 @@ fn fleet(store: &[&str]) -> Vec<SluiceProcess> {
 
 /// 600 requests for `key`, round-robin over the instances, 60 at a time: the answers' counts.
 async fn drive(instances: &[SluiceProcess], key: &str) -> HashMap<String, usize> {
-    let mut clients = Vec::new();
-    for instance in instances {
-        clients.push(
-            RateLimitServiceClient::connect(format!("http://{}", instance.grpc))
-                .await
-                .unwrap(),
-        );
-    }
-    crate::common::drive(&clients, "fleet", &[(key, "v")], 600, 60).await
+    crate::common::drive_processes(instances, "fleet", &[(key, "v")], 600, 60).await
 }
 
 async fn every_algorithm_admits_the_limit(instances: &[SluiceProcess], store: &str) {
