@@ -64,6 +64,7 @@ pub mod limiter;
 pub mod traces;
 
 pub mod admin;
+pub mod rlqs;
 pub mod rls;
 pub mod source;
 

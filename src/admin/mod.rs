@@ -56,6 +56,8 @@ pub struct AdminState {
     pub metrics: Arc<dyn Exposition>,
     /// Who may reset counters (`DELETE /counters`).
     pub reset: Arc<ResetAccess>,
+    /// The RLQS face, for its `/rlconfig` lines.
+    pub rlqs: Option<Arc<crate::rlqs::Quotas>>,
 }
 
 /// The admin router.
@@ -203,6 +205,11 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
     out.push('\n');
     if let Some(leases) = &store.leases {
         write_leases(&mut out, leases);
+    }
+    if let Some(quotas) = &state.rlqs {
+        for line in quotas.dump().lines() {
+            let _ = writeln!(out, "# {line}");
+        }
     }
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
 }

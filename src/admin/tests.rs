@@ -26,6 +26,7 @@ fn state(serving: bool) -> AdminState {
             Default::default(),
             &prometheus::Registry::new(),
         )),
+        rlqs: None,
         config: Arc::new(parking_lot::RwLock::new(ConfigInfo {
             directory: "cfg".into(),
             files: vec!["d.yaml".into()],

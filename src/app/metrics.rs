@@ -20,6 +20,7 @@ use prometheus::Registry;
 use crate::limiter::{LimitEvent, Limiter, Observer, RuleSeries};
 use crate::metrics::Exposition;
 use crate::policy::Policy;
+use crate::rlqs::RlqsMetrics;
 use crate::rls::RlsMetrics;
 use crate::source::ConfigMetrics;
 use crate::store::{StoreMetrics, StoreStatus};
@@ -31,6 +32,8 @@ pub struct Metrics {
     rules: RuleSeries,
     /// The gRPC service's.
     rls: Arc<RlsMetrics>,
+    /// The RLQS face's.
+    rlqs: Arc<RlqsMetrics>,
     /// Config loads.
     config: ConfigMetrics,
     /// Store calls, breaker, failure policy, memory store size.
@@ -47,6 +50,7 @@ impl Metrics {
         Self {
             rules: RuleSeries::register(&registry, near_limit_ratio, max_detailed),
             rls: Arc::new(RlsMetrics::register(&registry)),
+            rlqs: Arc::new(RlqsMetrics::register(&registry)),
             config: ConfigMetrics::register(&registry),
             store: StoreMetrics::register(&registry),
             registry,
@@ -71,6 +75,11 @@ impl Metrics {
     /// The gRPC service's metrics, to hand to [`RlsService`](crate::rls::RlsService).
     pub fn rls(&self) -> Arc<RlsMetrics> {
         self.rls.clone()
+    }
+
+    /// The RLQS face's metrics, to hand to [`Quotas`](crate::rlqs::Quotas).
+    pub fn rlqs(&self) -> Arc<RlqsMetrics> {
+        self.rlqs.clone()
     }
 
     /// The config loads' counters, to hand to the config sources.

@@ -22,6 +22,7 @@ use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::net::http;
 use crate::net::tls::ReloadingTls;
+use crate::rlqs::{Quotas, RlqsService};
 use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::Settings;
 use crate::source::{
@@ -274,7 +275,13 @@ impl Prepared {
         let (rls, traces) = self.rls_service(&health)?;
         let local = |l: &TcpListener| l.local_addr().map_err(|e| AppError::Serve(e.to_string()));
         let (grpc_addr, http_addr) = (listeners.grpc.describe()?, local(&listeners.http)?);
-        let (reporter, grpc) = self.grpc_server(listeners.grpc, rls.clone(), &drain)?;
+        let quotas = Arc::new(
+            Quotas::new(self.limiter.clone(), self.settings.rlqs.clone())
+                .with_metrics(self.metrics.rlqs()),
+        );
+        spawn_quota_ticks(quotas.clone(), &drain);
+        let (reporter, grpc) =
+            self.grpc_server(listeners.grpc, rls.clone(), quotas.clone(), &drain)?;
         let router = admin::router(AdminState {
             rls,
             limiter: self.limiter.clone(),
@@ -282,6 +289,7 @@ impl Prepared {
             config: self.config.clone(),
             metrics: Arc::new(self.scrape()),
             reset: self.reset.clone(),
+            rlqs: Some(quotas.clone()),
         });
         if let Some(listener) = listeners.debug {
             tracing::info!(addr = ?listener.local_addr().ok(), "serving the admin endpoints on the debug listener too");
@@ -312,6 +320,7 @@ impl Prepared {
             tracing: traces,
             statsd: self.spawn_statsd(),
             store: self.limiter.store().clone(),
+            quotas,
         };
         running.health.set_serving(true);
         report_health(&running.reporter, &running.health).await;
@@ -367,6 +376,7 @@ impl Prepared {
         &self,
         listener: GrpcListener,
         rls: RlsService,
+        quotas: Arc<Quotas>,
         drain: &CancellationToken,
     ) -> Result<(tonic_health::server::HealthReporter, ServerFuture), AppError> {
         let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -396,6 +406,7 @@ impl Prepared {
             ))
             .add_service(health_service)
             .add_service(rls.into_server())
+            .add_service(RlqsService::new(quotas).into_server())
             .add_service(
                 admin::AdminService::new(self.limiter.clone(), self.reset.clone()).into_server(),
             );
@@ -504,3 +515,18 @@ impl Prepared {
 
 /// A server running until it is told to stop.
 type ServerFuture = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
+/// The RLQS tick, once a second until `drain`: shares, TTLs, claims, abandons.
+fn spawn_quota_ticks(quotas: Arc<Quotas>, drain: &CancellationToken) {
+    let stop = drain.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => quotas.tick().await,
+            }
+        }
+    });
+}

@@ -33,6 +33,8 @@ pub(super) struct Running {
     pub(super) statsd: Option<(CancellationToken, JoinHandle<()>)>,
     /// The store: after the drain it hands back what it holds (leased units).
     pub(super) store: Arc<dyn crate::store::Store>,
+    /// The RLQS streams, sent short TTLs and closed when the drain starts.
+    pub(super) quotas: Arc<crate::rlqs::Quotas>,
 }
 
 impl Running {
@@ -49,6 +51,9 @@ impl Running {
         }
         tracing::info!(grace = ?settings.shutdown_grace, "draining: no new connections");
         self.drain.cancel();
+        // RLQS streams never end by themselves: short TTLs, then they close (Envoy reopens
+        // them on another replica) and this instance's claims end soon after.
+        let _ = tokio::time::timeout(HAND_BACK_LIMIT, self.quotas.drain()).await;
         let (grpc, http) = (self.grpc, self.http);
         let drained = tokio::time::timeout(settings.shutdown_grace, async {
             let _ = grpc.await;

@@ -124,3 +124,61 @@ impl<K: AsRef<str>, V: AsRef<str>> EntryRef for (K, V) {
         self.1.as_ref()
     }
 }
+
+/// Most descent steps [`Domain::find_unordered`] takes before it gives up: a bound on the
+/// work of one unordered lookup whatever the tree and the pairs.
+pub const UNORDERED_STEPS: usize = 256;
+
+impl Domain {
+    /// The rule for an unordered set of `pairs` (an RLQS bucket id): the entry order is the
+    /// descriptor tree's own, found from the top down. At each level every unused pair whose
+    /// key the level has is tried, in key order, and the first order that uses every pair
+    /// and ends on a rule wins; the steps are bounded by [`UNORDERED_STEPS`]. Answers the
+    /// pairs in the order found and the rule, or `None` (no order reaches a rule).
+    pub fn find_unordered<'a>(
+        &self,
+        pairs: &[(&'a str, &'a str)],
+    ) -> Option<(Vec<(&'a str, &'a str)>, &Rule)> {
+        let mut sorted = pairs.to_vec();
+        sorted.sort_unstable();
+        let mut used = vec![false; sorted.len()];
+        let mut order = Vec::with_capacity(sorted.len());
+        let mut steps = 0;
+        let rule = descend(&self.children, &sorted, &mut used, &mut order, &mut steps)?;
+        Some((order, rule))
+    }
+}
+
+/// One level of [`Domain::find_unordered`].
+fn descend<'p, 'a>(
+    level: &'p Children,
+    pairs: &[(&'a str, &'a str)],
+    used: &mut [bool],
+    order: &mut Vec<(&'a str, &'a str)>,
+    steps: &mut usize,
+) -> Option<&'p Rule> {
+    for i in 0..pairs.len() {
+        if used[i] || !level.by_key.contains_key(pairs[i].0) {
+            continue;
+        }
+        *steps += 1;
+        if *steps > UNORDERED_STEPS {
+            return None;
+        }
+        let Some(node) = level.child(pairs[i].0, pairs[i].1) else {
+            continue;
+        };
+        used[i] = true;
+        order.push(pairs[i]);
+        if order.len() == pairs.len() {
+            if let Some(rule) = &node.rule {
+                return Some(rule);
+            }
+        } else if let Some(rule) = descend(&node.children, pairs, used, order, steps) {
+            return Some(rule);
+        }
+        used[i] = false;
+        order.pop();
+    }
+    None
+}

@@ -13,6 +13,7 @@ mod lease;
 mod listen;
 mod requests;
 mod response;
+mod rlqs;
 mod shutdown;
 mod source;
 mod stats;
@@ -48,6 +49,8 @@ pub struct ServeArgs {
     requests: requests::RequestArgs,
     #[command(flatten)]
     response: response::ResponseArgs,
+    #[command(flatten)]
+    rlqs: rlqs::RlqsArgs,
     #[command(flatten)]
     telemetry: telemetry::TelemetryArgs,
     #[command(flatten)]
@@ -96,6 +99,7 @@ impl ServeArgs {
                     .requests
                     .limiter(self.failure.default_failure_mode(), self.lease.consistency)
             },
+            rlqs: self.rlqs.options(&self.lease.options().instance),
             lease: self.lease.options(),
             response: self.response.options(),
             merge_domains: self.source.merge_domain_config,

@@ -79,6 +79,8 @@ pub struct Settings {
     pub local_cache_keys: usize,
     /// Leased quota: the block lifetime and this instance's name.
     pub lease: crate::store::lease::LeaseOptions,
+    /// Envoy's `rate_limit_quota` filter: TTLs, abandons, caps.
+    pub rlqs: crate::rlqs::RlqsOptions,
     /// Response headers and body.
     pub response: ResponseOptions,
     /// Global shadow and quota mode.
@@ -203,6 +205,7 @@ impl Settings {
             resilience: ResilienceOptions::default(),
             local_cache_keys: 0,
             lease: Default::default(),
+            rlqs: Default::default(),
             response: ResponseOptions::default(),
             limiter: LimiterOptions::default(),
             merge_domains: false,

@@ -528,6 +528,13 @@ impl Store for Leased {
     /// Drops this instance's blocks of these counters (their units were taken from the
     /// count being cleared), then resets the shared counters. Blocks other instances hold
     /// stay theirs until they run out or expire.
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [super::ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
+        self.shared.inner.claim(asks)
+    }
+
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         for op in ops {
             let digest = self.shared.block_digest(op);

@@ -397,6 +397,17 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(seen.len().max(1) as u64)))
     }
 
+    /// One instance: every claim gets what it asks.
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [super::ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
+        Box::pin(std::future::ready(Ok(asks
+            .iter()
+            .map(super::ClaimGrant::alone)
+            .collect())))
+    }
+
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(std::future::ready(Ok(self.reset_now(ops))))
     }

@@ -13,6 +13,7 @@
 //! - [`overlimit`]: answers keys known to be over the limit without a store round trip.
 
 mod batch;
+pub mod claim;
 mod digest;
 mod key;
 pub mod lease;
@@ -29,6 +30,7 @@ use std::pin::Pin;
 pub use batch::{
     Admission, Applied, Batch, Calls, Consistency, CounterOp, FailureMode, Role, admitted,
 };
+pub use claim::{ClaimAsk, ClaimGrant};
 pub use key::CounterKey;
 pub(crate) use key::push_sha256_hex;
 pub use lease::{Grant, LeaseAsk, Leased, Take};
@@ -51,7 +53,7 @@ pub trait Store: Send + Sync + 'static {
     /// A snapshot for `/rlconfig`, logs and metrics.
     fn status(&self) -> StoreStatus;
 
-    // The four methods below have no default: a layer that wraps another must say what it
+    // The five methods below have no default: a layer that wraps another must say what it
     // does with each (pass it on, act on what it keeps itself, or both).
 
     /// Takes (or hands back) blocks of units, one per ask, each on its own: a lease is a
@@ -65,6 +67,13 @@ pub trait Store: Send + Sync + 'static {
         instance: &'a str,
         within: std::time::Duration,
     ) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Records this instance's claims on shared budgets (RLQS) and answers what each may
+    /// hold ([`claim`]): a store with no other instance grants what is asked.
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<ClaimGrant>, StoreError>>;
 
     /// Clears the counters of `ops` (an operator's reset): each starts again from no state.
     /// Answers how many of them held state. Stores that wrap another clear what they keep

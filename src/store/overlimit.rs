@@ -316,6 +316,13 @@ impl Store for OverLimitCache {
 
     /// Forgets the refusals remembered for these counters, then resets them in the store:
     /// a reset counter is not refused from memory until its window ends.
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [super::ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
+        self.inner.claim(asks)
+    }
+
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         for op in ops {
             self.refusals.forget(op);

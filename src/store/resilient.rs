@@ -328,6 +328,28 @@ impl Store for Resilient {
 
     /// Resets the local fallback's counters too (what `failure_mode: local` counted), then
     /// the store's within the deadline; a failing store is an error (nothing to fall back on).
+    /// Within the background deadline; an open breaker refuses at once (the claims then stay
+    /// as they are until the store answers again).
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [super::ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
+        Box::pin(async move {
+            if self.shared.breaker.is_open() {
+                return Err(StoreError::Unavailable("circuit breaker open".into()));
+            }
+            match tokio::time::timeout(
+                self.options.background_limit(),
+                self.shared.primary.claim(asks),
+            )
+            .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Unavailable("claim timed out".into())),
+            }
+        })
+    }
+
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             self.local.reset(ops).await?;

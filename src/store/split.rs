@@ -236,6 +236,14 @@ impl Store for PerSecondSplit {
         self.main.instances(instance, within)
     }
 
+    /// Claims live in the main store.
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [super::ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
+        self.main.claim(asks)
+    }
+
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let (fast, slow): (Vec<CounterOp>, Vec<CounterOp>) = ops

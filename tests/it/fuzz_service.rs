@@ -97,6 +97,7 @@ fn service() -> (RlsService, AdminState) {
             Default::default(),
             &prometheus::Registry::new(),
         )),
+        rlqs: None,
     };
     (rls, state)
 }

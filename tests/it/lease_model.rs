@@ -56,6 +56,12 @@ impl Store for Shared {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.0.instances(instance, within)
     }
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [sluice::store::ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<sluice::store::ClaimGrant>, StoreError>> {
+        self.0.claim(asks)
+    }
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.0.reset(ops)
     }

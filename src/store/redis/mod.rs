@@ -26,6 +26,7 @@ macro_rules! with_algorithms {
     };
 }
 
+mod claim;
 mod coalesce;
 mod connect;
 mod keys;
@@ -462,6 +463,13 @@ impl Store for RedisStore {
         within: Duration,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.count_instances(instance, within))
+    }
+
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [crate::store::ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<crate::store::ClaimGrant>, StoreError>> {
+        Box::pin(self.claim_asks(asks))
     }
 
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {

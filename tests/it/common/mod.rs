@@ -9,6 +9,7 @@ pub mod otlp;
 pub mod process;
 pub mod redis;
 pub mod reference;
+pub mod rlqs;
 pub mod xds;
 
 pub use process::{SluiceProcess, drive_processes};

@@ -1,0 +1,370 @@
+//! One budget on this instance: what each Envoy holds of it, and the step that moves the
+//! shares toward demand without ever handing out more than the budget. Time is seconds on
+//! the instance's monotonic clock, passed in.
+//!
+//! The guarantee rests on three rules (docs/configuration/rlqs.md states the bound):
+//!
+//! 1. **Lower before raise.** What an Envoy holds is counted at its old share until the
+//!    lower one has been delivered and [`SETTLE`] has passed; only what is not counted can
+//!    be handed out. The rates and the capacities counted never add up past the budget
+//!    (this instance's claim on it, with several instances).
+//! 2. **Count what a replacement bucket starts with.** Envoy 1.40 starts a replacement token
+//!    bucket at the old one's fill fraction, and a new one full, so raising a capacity hands
+//!    out tokens at once. Each holding keeps an upper bound of the tokens its bucket has
+//!    (its capacity, refilled at its rate, less what its reports say it admitted), and
+//!    the tokens a raise would hand out must be covered by the budget's reserve: a lower
+//!    bound of the tokens the fleet could still admit within the bound and does not hold.
+//! 3. **Holdings outlive streams.** A closed stream's shares stay counted until the TTL of
+//!    what its Envoy was last sent (Envoy keeps enforcing it until then).
+
+use std::collections::HashMap;
+
+use super::share::{Budget, Share, divide};
+
+/// A stream's number on this instance.
+pub type StreamId = u64;
+
+/// How long after its delivery a lowered share is still counted at its old value: the time
+/// the message may take to reach Envoy and be applied.
+pub const SETTLE: f64 = 1.0;
+
+/// How much the refill of a bucket between two reports is over-estimated, in seconds: the
+/// jitter of report times against the instance's clock.
+const REPORT_JITTER: f64 = 0.5;
+
+/// The interval Envoy 1.40 reports at, whatever its config says (a first report's demand is
+/// counted over it).
+pub const REPORT_INTERVAL: f64 = 5.0;
+
+/// What one Envoy (one stream) holds of the budget.
+#[derive(Debug, Clone)]
+pub struct Holding {
+    /// What the Envoy was last sent: `None` before the first assignment; an empty share is
+    /// DENY_ALL.
+    sent: Option<Share>,
+    /// What the budget counts: `sent`, or more while a lowering settles.
+    counted: Share,
+    /// A lowering queued at this time is not counted yet.
+    lowered_at: Option<f64>,
+    /// Upper bound of the tokens in the Envoy's bucket at `tokens_at`, not capped since the
+    /// last report (a cap in between would hide admissions the next report subtracts).
+    tokens: f64,
+    tokens_at: f64,
+    /// The least factor by which an admission since the last report reaches `tokens`: each
+    /// replacement since scaled the tokens of before it by its capacity ratio (a new bucket
+    /// by 0: it starts full whatever was admitted).
+    discount: f64,
+    /// Requests per window (allowed + denied), smoothed; `None` before the first report.
+    demand: Option<f64>,
+    last_report: Option<f64>,
+}
+
+/// What changed in one [`BudgetState::step`]: the shares to send, per stream.
+pub type Changes = Vec<(StreamId, Share)>;
+
+/// A budget on this instance.
+#[derive(Debug)]
+pub struct BudgetState {
+    /// The whole fleet's budget.
+    pub budget: Budget,
+    /// This instance's part of it (the whole budget with one instance).
+    claim: Share,
+    /// Tokens that can be handed out at once without passing the bound (see rule 2).
+    reserve: f64,
+    last_step: f64,
+    holdings: HashMap<StreamId, Holding>,
+    /// Shares of closed streams, counted until their TTL ends.
+    ghosts: Vec<(Share, f64)>,
+    /// The tokens a shadow-mode budget would have now (what it would have denied is counted).
+    shadow_tokens: (f64, f64),
+    /// The other instances' demand (requests per window) and number, from the last claim.
+    pub others_demand: f64,
+    pub others: u64,
+}
+
+impl BudgetState {
+    /// A budget first seen at `now`, with `claim` of it for this instance; `fresh`: nobody
+    /// else holds any of it, so its whole burst may be handed out at once.
+    pub fn new(budget: Budget, claim: Share, now: f64, fresh: bool) -> Self {
+        Self {
+            budget,
+            claim,
+            reserve: if fresh { claim.burst as f64 } else { 0.0 },
+            last_step: now,
+            holdings: HashMap::new(),
+            ghosts: Vec::new(),
+            shadow_tokens: (budget.burst as f64, now),
+            others_demand: 0.0,
+            others: 0,
+        }
+    }
+
+    /// The first claim answered: `claim` of the budget; `fresh`: nobody else holds any of it,
+    /// so its whole burst may be handed out at once (a fresh budget has admitted nothing).
+    pub fn first_claim(&mut self, claim: Share, fresh: bool) {
+        self.claim = claim;
+        self.reserve = if fresh { claim.burst as f64 } else { 0.0 };
+    }
+
+    /// What this instance should hold of `total` for its demand `mine`, against the other
+    /// instances' demand (each counted at one request per window at least).
+    pub fn fair_want(&self, total: u64, mine: f64) -> u64 {
+        if self.others == 0 {
+            return total;
+        }
+        let part = (mine + 1.0) / (mine + self.others_demand + 1.0 + self.others as f64);
+        ((total as f64 * part).round() as u64).min(total)
+    }
+
+    /// Number of streams holding (or about to hold) a share.
+    pub fn streams(&self) -> usize {
+        self.holdings.len()
+    }
+
+    /// This instance's part of the budget.
+    pub fn claim(&self) -> Share {
+        self.claim
+    }
+
+    /// A new part of the budget for this instance (a claim answered, a reload). More than
+    /// before adds nothing to the reserve: the new part starts as if spent.
+    pub fn set_claim(&mut self, claim: Share, budget: Budget) {
+        self.claim = claim;
+        self.budget = budget;
+    }
+
+    /// What this instance holds: every share counted, the closed streams' included.
+    pub fn held(&self) -> Share {
+        let mut sum = Share::default();
+        for h in self.holdings.values() {
+            sum.rate += h.counted.rate;
+            sum.burst += h.counted.burst;
+        }
+        for (share, _) in &self.ghosts {
+            sum.rate += share.rate;
+            sum.burst += share.burst;
+        }
+        sum
+    }
+
+    /// The demand of this instance's Envoys, in requests per window.
+    pub fn demand(&self) -> f64 {
+        self.holdings.values().filter_map(|h| h.demand).sum()
+    }
+
+    /// The share last sent to `stream`, if any.
+    pub fn sent(&self, stream: StreamId) -> Option<Share> {
+        self.holdings.get(&stream).and_then(|h| h.sent)
+    }
+
+    /// `stream` reports for this budget (a new one is added): `allowed` and `denied` since
+    /// its last report, received at `now`.
+    pub fn report(&mut self, stream: StreamId, allowed: u64, denied: u64, now: f64) {
+        let window = self.budget.window as f64;
+        let h = self.holdings.entry(stream).or_insert_with(|| Holding {
+            sent: None,
+            counted: Share::default(),
+            lowered_at: None,
+            tokens: 0.0,
+            tokens_at: now,
+            discount: 0.0,
+            demand: None,
+            last_report: None,
+        });
+        let requests = allowed as f64 + denied as f64;
+        let rate = match h.last_report {
+            Some(at) => requests / (now - at).max(1.0) * window,
+            None => requests / REPORT_INTERVAL * window,
+        };
+        h.demand = Some(match h.demand {
+            Some(old) => (old + rate) / 2.0,
+            None => rate,
+        });
+        h.last_report = Some(now);
+        if let Some(share) = h.sent.filter(|s| !s.is_empty()) {
+            let per_second = self.budget.per_second(share.rate);
+            let projected = h.tokens + per_second * (now - h.tokens_at + REPORT_JITTER);
+            h.tokens = (projected - h.discount * allowed as f64).clamp(0.0, share.burst as f64);
+            h.tokens_at = now;
+            h.discount = 1.0;
+        }
+    }
+
+    /// `stream` closed (or its bucket was abandoned) at `now`: what it was sent stays counted
+    /// until `until`.
+    pub fn leave(&mut self, stream: StreamId, until: f64) {
+        if let Some(h) = self.holdings.remove(&stream) {
+            let held = h.counted.max(h.sent.unwrap_or_default());
+            if !held.is_empty() {
+                self.ghosts.push((held, until));
+            }
+        }
+    }
+
+    /// Moves the shares toward demand at `now`; `drained(stream)` is when the stream last
+    /// delivered everything queued for it. Answers the shares to send.
+    pub fn step(&mut self, now: f64, drained: &dyn Fn(StreamId) -> Option<f64>) -> Changes {
+        self.ghosts.retain(|(_, until)| *until > now);
+        // Lowerings delivered long enough ago stop being counted at their old value.
+        for (stream, h) in &mut self.holdings {
+            if let (Some(at), Some(sent)) = (h.lowered_at, h.sent)
+                && drained(*stream).is_some_and(|d| d >= at && now - d >= SETTLE)
+            {
+                h.counted = sent;
+                h.lowered_at = None;
+            }
+        }
+        self.refill_reserve(now);
+        let streams: Vec<StreamId> = {
+            let mut ids: Vec<StreamId> = self.holdings.keys().copied().collect();
+            ids.sort_unstable();
+            ids
+        };
+        let demands: Vec<f64> = streams
+            .iter()
+            .map(|s| self.holdings[s].demand.unwrap_or(0.0))
+            .collect();
+        let rates = divide(self.claim.rate, &demands);
+        let mut changes = Vec::new();
+        // 1. Lower whatever is above its target.
+        for (stream, &rate) in streams.iter().zip(&rates) {
+            let target = self.budget.share_of(rate).min(self.claim);
+            let h = self.holdings.get_mut(stream).expect("listed");
+            let Some(sent) = h.sent else { continue };
+            let lower = sent.min(target);
+            if lower != sent {
+                replace(h, sent, lower, self.budget, now);
+                h.lowered_at = Some(now);
+                changes.push((*stream, lower));
+            }
+        }
+        // 2. Raise, largest unmet demand first, within what is not counted and what the
+        // reserve covers.
+        let held = self.held();
+        let mut free = Share {
+            rate: self.claim.rate.saturating_sub(held.rate),
+            burst: self.claim.burst.saturating_sub(held.burst),
+        };
+        let mut order: Vec<(StreamId, Share, f64)> = streams
+            .iter()
+            .zip(&rates)
+            .map(|(s, &rate)| {
+                let h = &self.holdings[s];
+                let target = self.budget.share_of(rate).min(self.claim);
+                let short = h.demand.unwrap_or(0.0) - h.sent.map_or(0, |x| x.rate) as f64;
+                (*s, target, short)
+            })
+            .collect();
+        order.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+        for (stream, target, _) in order {
+            let h = self.holdings.get_mut(&stream).expect("listed");
+            if h.lowered_at.is_some() {
+                continue; // raised once its lowering settled
+            }
+            let sent = h.sent.unwrap_or_default();
+            if h.sent.is_some() && target.rate <= sent.rate && target.burst <= sent.burst {
+                continue;
+            }
+            let mut up = Share {
+                rate: sent.rate.max(target.rate.min(sent.rate + free.rate)),
+                burst: sent.burst.max(target.burst.min(sent.burst + free.burst)),
+            };
+            // The tokens the new bucket starts with beyond what the old one had: a new bucket
+            // (or one after DENY_ALL) starts full, a replacement at the old fill fraction.
+            let fresh = sent.is_empty();
+            let tokens_now = current_tokens(h, sent, self.budget, now);
+            let gain = |burst: u64| {
+                if fresh {
+                    burst as f64
+                } else {
+                    tokens_now * (burst as f64 / sent.burst as f64) - tokens_now
+                }
+            };
+            let reserve = self.reserve.max(0.0);
+            if gain(up.burst) > reserve {
+                up.burst = if fresh {
+                    (reserve.floor() as u64).min(up.burst)
+                } else {
+                    // tokens × b / sent.burst − tokens ≤ reserve
+                    let covered = (reserve + tokens_now) * sent.burst as f64 / tokens_now;
+                    (covered.floor() as u64).clamp(sent.burst, up.burst)
+                };
+            }
+            if up.rate == 0 {
+                up = Share::default();
+            } else if up.burst == 0 {
+                // A bucket of capacity 0 refuses everything: one token, past the reserve.
+                up.burst = 1;
+            }
+            if h.sent == Some(up) {
+                continue;
+            }
+            if up.is_empty() {
+                // Nothing to give yet: a first answer of DENY_ALL (never silence).
+                if h.sent.is_none() {
+                    h.sent = Some(up);
+                    changes.push((stream, up));
+                }
+                continue;
+            }
+            self.reserve -= gain(up.burst);
+            free.rate -= up.rate - sent.rate;
+            free.burst = free.burst.saturating_sub(up.burst - sent.burst);
+            replace(h, sent, up, self.budget, now);
+            h.counted = h.counted.max(up);
+            changes.push((stream, up));
+        }
+        changes
+    }
+
+    /// Rule 2's reserve at `now`: it grows by the rate nobody holds, and never past the
+    /// capacity nobody holds.
+    fn refill_reserve(&mut self, now: f64) {
+        let elapsed = (now - self.last_step).max(0.0);
+        self.last_step = now;
+        let held = self.held();
+        let spare_rate = self.claim.rate.saturating_sub(held.rate);
+        let spare_burst = self.claim.burst.saturating_sub(held.burst) as f64;
+        self.reserve =
+            (self.reserve + self.budget.per_second(spare_rate) * elapsed).min(spare_burst);
+    }
+
+    /// Shadow mode: the fleet admitted `allowed` more at `now`; answers how many of them the
+    /// budget would have denied.
+    pub fn shadow_admitted(&mut self, allowed: u64, now: f64) -> u64 {
+        let (tokens, at) = self.shadow_tokens;
+        let refill = self.budget.per_second(self.budget.rate) * (now - at).max(0.0);
+        let tokens = (tokens + refill).min(self.budget.burst as f64);
+        let over = (allowed as f64 - tokens).max(0.0);
+        self.shadow_tokens = ((tokens - allowed as f64).max(0.0), now);
+        over.ceil() as u64
+    }
+}
+
+/// The upper bound of `h`'s tokens at `now`, its bucket being `sent`.
+fn current_tokens(h: &Holding, sent: Share, budget: Budget, now: f64) -> f64 {
+    if sent.is_empty() {
+        return 0.0;
+    }
+    let refill = budget.per_second(sent.rate) * (now - h.tokens_at).max(0.0);
+    (h.tokens + refill).min(sent.burst as f64)
+}
+
+/// Envoy replaces `h`'s bucket `from` by `to` at `now`: a new bucket starts full, a
+/// replacement at the old one's fill fraction.
+fn replace(h: &mut Holding, from: Share, to: Share, budget: Budget, now: f64) {
+    if from.is_empty() || to.is_empty() {
+        h.tokens = if to.is_empty() { 0.0 } else { to.burst as f64 };
+        h.discount = 0.0;
+    } else {
+        let ratio = to.burst as f64 / from.burst as f64;
+        let projected = h.tokens + budget.per_second(from.rate) * (now - h.tokens_at).max(0.0);
+        h.tokens = projected * ratio;
+        h.discount = (h.discount * ratio).min(1.0);
+    }
+    h.tokens_at = now;
+    h.sent = Some(to);
+}
+
+#[cfg(test)]
+mod tests;

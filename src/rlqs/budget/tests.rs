@@ -1,0 +1,337 @@
+//! The budget against a model of Envoy 1.40's token buckets: whatever the demand does, the
+//! fleet never admits more than burst + rate × t in any interval t.
+
+use super::*;
+
+/// Envoy's bucket as 1.40 keeps it: continuous refill, a new bucket full, a replacement at
+/// the old one's fill fraction.
+#[derive(Debug, Clone, Copy)]
+struct EnvoyBucket {
+    share: Share,
+    tokens: f64,
+}
+
+impl EnvoyBucket {
+    fn apply(old: Option<EnvoyBucket>, share: Share) -> Option<EnvoyBucket> {
+        if share.is_empty() {
+            return Some(EnvoyBucket { share, tokens: 0.0 });
+        }
+        let tokens = match old {
+            Some(o) if !o.share.is_empty() => o.tokens / o.share.burst as f64 * share.burst as f64,
+            _ => share.burst as f64,
+        };
+        Some(EnvoyBucket { share, tokens })
+    }
+}
+
+struct Run {
+    admitted: Vec<f64>,
+    shares: Vec<Vec<Share>>,
+}
+
+/// `demand(envoy, t)`: requests per second an Envoy gets at `t`. Ticks every second, reports
+/// every 5 s (staggered), 0.05 s steps, for `seconds`.
+fn simulate(
+    budget: Budget,
+    envoys: usize,
+    seconds: f64,
+    demand: &dyn Fn(usize, f64) -> f64,
+) -> Run {
+    let dt = 0.05;
+    let mut state = BudgetState::new(budget, budget.share_of(budget.rate), 0.0, true);
+    let mut buckets: Vec<Option<EnvoyBucket>> = vec![None; envoys];
+    let mut arrivals = vec![0.0f64; envoys];
+    let mut counts = vec![(0u64, 0u64); envoys];
+    let mut admitted = Vec::new();
+    let mut shares = Vec::new();
+    let mut t = 0.0;
+    let mut next_tick = 1.0;
+    // When the last changes reached the Envoys (they arrive in the step that makes them).
+    let mut delivered = 0.0;
+    let mut next_report: Vec<f64> = (0..envoys).map(|i| 0.5 + i as f64 * 1.3).collect();
+    while t < seconds {
+        let mut step_admitted = 0.0;
+        for i in 0..envoys {
+            arrivals[i] += demand(i, t) * dt;
+            if let Some(b) = &mut buckets[i] {
+                let per_second = budget.per_second(b.share.rate);
+                b.tokens = (b.tokens + per_second * dt).min(b.share.burst as f64);
+            }
+            while arrivals[i] >= 1.0 {
+                arrivals[i] -= 1.0;
+                match &mut buckets[i] {
+                    None => {
+                        // No assignment: ALLOW_ALL (what the first report lets through).
+                        counts[i].0 += 1;
+                    }
+                    Some(b) if b.tokens >= 1.0 => {
+                        b.tokens -= 1.0;
+                        counts[i].0 += 1;
+                        step_admitted += 1.0;
+                    }
+                    Some(_) => counts[i].1 += 1,
+                }
+            }
+        }
+        admitted.push(step_admitted);
+        let mut changes = Vec::new();
+        for i in 0..envoys {
+            if t >= next_report[i] {
+                let (a, d) = std::mem::take(&mut counts[i]);
+                state.report(i as StreamId, a, d, t);
+                next_report[i] += REPORT_INTERVAL;
+                if buckets[i].is_none() {
+                    changes.extend(state.step(t, &|_| Some(delivered)));
+                }
+            }
+        }
+        if t >= next_tick {
+            changes.extend(state.step(t, &|_| Some(delivered)));
+            next_tick += 1.0;
+            shares.push(
+                (0..envoys)
+                    .map(|i| state.sent(i as StreamId).unwrap_or_default())
+                    .collect(),
+            );
+        }
+        if !changes.is_empty() {
+            delivered = t;
+        }
+        for (stream, share) in changes {
+            let i = stream as usize;
+            buckets[i] = EnvoyBucket::apply(buckets[i], share);
+        }
+        t += dt;
+    }
+    Run { admitted, shares }
+}
+
+/// The most admitted in any interval of `k` steps of 0.05 s, over every start.
+fn worst(admitted: &[f64], k: usize) -> f64 {
+    let mut prefix = vec![0.0];
+    for a in admitted {
+        prefix.push(prefix.last().unwrap() + a);
+    }
+    (0..admitted.len().saturating_sub(k))
+        .map(|s| prefix[s + k] - prefix[s])
+        .fold(0.0, f64::max)
+}
+
+fn assert_within_bound(budget: Budget, run: &Run, envoys: usize) {
+    for k in [1, 10, 20, 100, 200, 600, 1200] {
+        let t = k as f64 * 0.05;
+        // One token per new Envoy may be handed out past the reserve (a bucket cannot be
+        // empty), plus one step's rounding.
+        let bound = budget.burst as f64 + budget.per_second(budget.rate) * t + envoys as f64 + 1.0;
+        let seen = worst(&run.admitted, k);
+        assert!(seen <= bound, "{seen} admitted in {t} s, bound {bound}");
+    }
+}
+
+#[test]
+fn one_envoy_gets_the_whole_budget() {
+    let budget = Budget {
+        rate: 10,
+        burst: 10,
+        window: 1,
+    };
+    let run = simulate(budget, 1, 30.0, &|_, _| 50.0);
+    assert_within_bound(budget, &run, 1);
+    assert_eq!(
+        run.shares.last().unwrap()[0],
+        Share {
+            rate: 10,
+            burst: 10
+        }
+    );
+    // It admits the rate: about 10 per second once assigned.
+    let admitted: f64 = run.admitted[200..].iter().sum();
+    assert!(admitted >= 0.9 * 10.0 * 20.0, "{admitted}");
+}
+
+#[test]
+fn an_idle_envoys_share_moves_to_a_busy_one_within_the_bound() {
+    let budget = Budget {
+        rate: 20,
+        burst: 20,
+        window: 1,
+    };
+    // Envoy 0 busy for 30 s then idle; Envoy 1 idle, then busy.
+    let demand = |i: usize, t: f64| match (i, t < 30.0) {
+        (0, true) | (1, false) => 100.0,
+        _ => 0.0,
+    };
+    let run = simulate(budget, 2, 70.0, &demand);
+    assert_within_bound(budget, &run, 2);
+    let at = |second: usize| run.shares[second].clone();
+    let busy_then = at(25);
+    assert!(busy_then[0].rate >= 14, "{busy_then:?}");
+    let busy_now = at(65);
+    assert!(busy_now[1].rate >= 14, "{busy_now:?}");
+    assert_eq!(busy_now[0].rate + busy_now[1].rate, 20);
+}
+
+#[test]
+fn three_envoys_with_changing_demand_stay_within_the_bound() {
+    let budget = Budget {
+        rate: 60,
+        burst: 60,
+        window: 60,
+    };
+    let demand = |i: usize, t: f64| {
+        let phase = ((t / 7.0) as usize + i) % 3;
+        [0.0, 0.5, 5.0][phase]
+    };
+    let run = simulate(budget, 3, 120.0, &demand);
+    assert_within_bound(budget, &run, 3);
+}
+
+#[test]
+fn a_token_bucket_with_a_small_burst_stays_within_its_burst() {
+    let budget = Budget {
+        rate: 100,
+        burst: 10,
+        window: 1,
+    };
+    let demand = |i: usize, t: f64| {
+        if (t as usize / 10 + i).is_multiple_of(2) {
+            200.0
+        } else {
+            1.0
+        }
+    };
+    let run = simulate(budget, 2, 60.0, &demand);
+    assert_within_bound(budget, &run, 2);
+}
+
+#[test]
+fn a_closed_streams_share_is_counted_until_its_ttl() {
+    let budget = Budget {
+        rate: 10,
+        burst: 10,
+        window: 1,
+    };
+    let mut state = BudgetState::new(budget, budget.share_of(10), 0.0, true);
+    state.report(1, 1, 0, 0.0);
+    assert_eq!(
+        state.step(0.0, &|_| Some(0.0)),
+        vec![(
+            1,
+            Share {
+                rate: 10,
+                burst: 10
+            }
+        )]
+    );
+    state.leave(1, 20.0);
+    state.report(2, 1, 0, 1.0);
+    let changes = state.step(1.0, &|_| Some(1.0));
+    assert_eq!(
+        changes,
+        vec![(2, Share::default())],
+        "nothing is free before the TTL"
+    );
+    let changes = state.step(21.0, &|_| Some(21.0));
+    assert_eq!(changes.len(), 1);
+    assert!(changes[0].1.rate > 0, "{changes:?}");
+}
+
+#[test]
+fn a_lowering_is_counted_until_it_was_delivered() {
+    let budget = Budget {
+        rate: 10,
+        burst: 10,
+        window: 1,
+    };
+    let mut state = BudgetState::new(budget, budget.share_of(10), 0.0, true);
+    state.report(1, 50, 0, 0.0);
+    state.step(0.0, &|_| Some(0.0));
+    state.report(2, 50, 0, 0.5);
+    let first = state.step(1.0, &|_| None);
+    assert!(
+        first.iter().any(|(s, share)| *s == 1 && share.rate < 10),
+        "{first:?}"
+    );
+    // Not delivered: Envoy 2 gets nothing yet.
+    let second = state.step(5.0, &|_| None);
+    assert!(
+        !second.iter().any(|(s, share)| *s == 2 && share.rate > 0),
+        "{second:?}"
+    );
+    let third = state.step(7.0, &|_| Some(5.5));
+    assert!(
+        third.iter().any(|(s, share)| *s == 2 && share.rate > 0),
+        "{third:?}"
+    );
+}
+
+#[test]
+fn shadow_mode_counts_what_the_budget_would_have_denied() {
+    let budget = Budget {
+        rate: 10,
+        burst: 10,
+        window: 1,
+    };
+    let mut state = BudgetState::new(budget, budget.share_of(10), 0.0, true);
+    assert_eq!(state.shadow_admitted(25, 0.0), 15);
+    assert_eq!(state.shadow_admitted(5, 1.0), 0);
+}
+
+#[test]
+fn raising_a_full_bucket_waits_for_the_reserve() {
+    // 60 per minute: a raise's tokens come back at one per second.
+    let budget = Budget {
+        rate: 60,
+        burst: 60,
+        window: 60,
+    };
+    let mut state = BudgetState::new(budget, budget.share_of(60), 0.0, true);
+    let delivered = |t: f64| move |_| Some(t);
+    state.report(1, 1, 0, 0.0);
+    state.report(2, 1, 0, 0.0);
+    let first = state.step(0.0, &delivered(0.0));
+    assert_eq!(first.len(), 2, "{first:?}");
+    let full = state.sent(1).unwrap();
+    // Envoy 1 admitted nothing (its bucket is full) but reports demand; Envoy 2 goes idle.
+    state.report(1, 0, 500, 10.0);
+    state.report(2, 0, 0, 10.0);
+    let lowered = state.step(10.0, &delivered(9.0));
+    assert!(
+        lowered
+            .iter()
+            .any(|(s, share)| *s == 2 && share.rate < full.rate),
+        "{lowered:?}"
+    );
+    let raised = state.step(11.5, &delivered(10.0));
+    let one = raised.iter().find(|(s, _)| *s == 1).expect("raised").1;
+    assert!(one.rate > full.rate, "the rate moves at once: {one:?}");
+    assert!(
+        one.burst <= full.burst + 2,
+        "a full bucket's capacity waits for the reserve: {one:?}"
+    );
+    // Once Envoy 1 has spent its tokens (as a busy Envoy does), raising its capacity hands
+    // out nothing at once, and the capacity follows.
+    state.report(1, 40, 500, 16.0);
+    let later = state.step(16.0, &delivered(12.0));
+    let one = later.iter().find(|(s, _)| *s == 1).expect("raised").1;
+    assert!(one.burst >= full.burst + 15, "{one:?}");
+}
+
+#[test]
+fn raising_a_full_bucket_is_paid_from_the_reserve() {
+    // Envoy 0 idles with a full bucket and spikes now and then; Envoy 1 is busy, stops and
+    // starts again: Envoy 0's share rises while its bucket is full.
+    let budget = Budget {
+        rate: 20,
+        burst: 20,
+        window: 1,
+    };
+    let demand = |i: usize, t: f64| match i {
+        0 if t % 10.0 < 0.3 => 2000.0,
+        0 => 2.0,
+        _ if (20.0..40.0).contains(&t) => 0.0,
+        _ => 100.0,
+    };
+    let run = simulate(budget, 2, 80.0, &demand);
+    assert_within_bound(budget, &run, 2);
+}

@@ -1,0 +1,163 @@
+//! Envoy's Rate Limit Quota Service (`rate_limit_quota` filter): Envoy streams usage per
+//! bucket, Sluice answers each bucket with the share of its rule's budget that Envoy then
+//! enforces by itself. This module and [`crate::rls`] are the faces that know the protos.
+//!
+//! Endpoints: `RateLimitQuotaService/StreamRateLimitQuotas`.
+//!
+//! - `bucket`: bucket ids → canonical keys → the rule and what it gives;
+//! - `share`: the division of a budget by demand (pure);
+//! - `budget`: what each Envoy holds of one budget, and the step that moves the shares
+//!   without passing the bound;
+//! - `quotas`: every stream and budget of the instance, the tick, reloads, the drain;
+//! - `outbox`: what waits to be sent on a stream.
+
+mod bucket;
+mod budget;
+mod metrics;
+mod outbox;
+mod quotas;
+mod share;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Kind, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+    RateLimitQuotaService, RateLimitQuotaServiceServer,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
+use futures_util::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+pub use bucket::{BucketKey, MAX_ID_BYTES, MAX_PAIRS, Quota};
+pub use metrics::RlqsMetrics;
+pub use outbox::{Action, Assigned};
+pub use quotas::{DRAIN_TTL, Quotas, RlqsOptions, Usage};
+pub use share::{Budget, Share, divide};
+
+/// Largest report message taken, in bytes: 10,000 buckets of a kilobyte and a little more.
+pub const MAX_REPORT_BYTES: usize = 12 * 1024 * 1024;
+
+/// The gRPC service over [`Quotas`].
+#[derive(Clone)]
+pub struct RlqsService {
+    quotas: Arc<Quotas>,
+}
+
+impl RlqsService {
+    /// The service answering from `quotas`.
+    pub fn new(quotas: Arc<Quotas>) -> Self {
+        Self { quotas }
+    }
+
+    /// The tonic server wrapping this service.
+    pub fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
+        RateLimitQuotaServiceServer::new(self).max_decoding_message_size(MAX_REPORT_BYTES)
+    }
+}
+
+/// The stream of answers of one Envoy.
+type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for RlqsService {
+    type StreamRateLimitQuotasStream = Answers;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Answers>, Status> {
+        let (id, outbox) = self.quotas.open()?;
+        let mut inbound = request.into_inner();
+        let quotas = self.quotas.clone();
+        tokio::spawn(async move {
+            // The stream's shares are released however this task ends.
+            let _closing = Closing(quotas.clone(), id);
+            while let Ok(Some(reports)) = inbound.message().await {
+                let usages = reports
+                    .bucket_quota_usages
+                    .into_iter()
+                    .map(|u| Usage {
+                        bucket: u
+                            .bucket_id
+                            .as_ref()
+                            .map_or(Err(bucket::Rejected::Empty), |b| BucketKey::new(&b.bucket)),
+                        allowed: u.num_requests_allowed,
+                        denied: u.num_requests_denied,
+                    })
+                    .collect();
+                quotas.report(id, &reports.domain, usages).await;
+            }
+        });
+        let origin = std::time::Instant::now();
+        let answers = futures_util::stream::unfold(outbox, move |outbox| async move {
+            let actions = outbox.take(|| origin.elapsed().as_secs_f64()).await?;
+            let response = RateLimitQuotaResponse {
+                bucket_action: actions.into_iter().map(|(b, a)| encode(&b, a)).collect(),
+            };
+            Some((Ok(response), outbox))
+        });
+        Ok(Response::new(Box::pin(answers)))
+    }
+}
+
+/// Closes a stream in [`Quotas`] when dropped.
+struct Closing(Arc<Quotas>, u64);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.0.close(self.1);
+    }
+}
+
+/// One bucket's action as Envoy reads it.
+pub fn encode(bucket: &BucketKey, action: Action) -> BucketAction {
+    let kind = match action {
+        Action::Abandon => Kind::AbandonAction(AbandonAction {}),
+        Action::Assign(assigned, ttl) => Kind::QuotaAssignmentAction(QuotaAssignmentAction {
+            assignment_time_to_live: Some(seconds(Duration::from_secs(ttl.max(1)))),
+            rate_limit_strategy: Some(RateLimitStrategy {
+                strategy: Some(strategy(assigned)),
+            }),
+        }),
+    };
+    BucketAction {
+        bucket_id: Some(BucketId {
+            bucket: bucket.to_map(),
+        }),
+        bucket_action: Some(kind),
+    }
+}
+
+fn strategy(assigned: Assigned) -> Strategy {
+    match assigned {
+        Assigned::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+        Assigned::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+        Assigned::Bucket(share, window) => {
+            let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+            Strategy::TokenBucket(TokenBucket {
+                max_tokens: clamp(share.burst),
+                tokens_per_fill: Some(UInt32Value {
+                    value: clamp(share.rate),
+                }),
+                fill_interval: Some(seconds(Duration::from_secs(window.max(1)))),
+            })
+        }
+    }
+}
+
+fn seconds(d: Duration) -> ProtoDuration {
+    ProtoDuration {
+        seconds: d.as_secs() as i64,
+        nanos: 0,
+    }
+}

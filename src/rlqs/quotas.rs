@@ -1,0 +1,750 @@
+//! Every RLQS stream and budget of this instance: reports in, assignments out, the tick that
+//! moves shares and renews TTLs and claims, reloads, abandons and the drain.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::limiter::Limiter;
+use crate::policy::Policy;
+use crate::store::{ClaimAsk, ClaimGrant};
+
+use super::bucket::{BucketKey, Quota, Rejected};
+use super::budget::{BudgetState, REPORT_INTERVAL, SETTLE, StreamId};
+use super::metrics::RlqsMetrics;
+use super::outbox::{Action, Assigned, Outbox};
+use super::share::Share;
+
+/// What an operator sets for the RLQS face.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RlqsOptions {
+    /// The TTL of every assignment, whole seconds (Envoy 1.40 drops fractions); renewed
+    /// when half of it is left.
+    pub assignment_ttl: Duration,
+    /// A bucket without requests for this many report intervals (5 s each) is abandoned.
+    pub abandon_after_reports: u32,
+    /// Buckets tracked per stream; past it a new bucket is answered DENY_ALL, untracked.
+    pub max_buckets_per_stream: usize,
+    /// Buckets tracked on all streams together; past it the same.
+    pub max_buckets: usize,
+    /// Streams open at once; past it a new stream is refused (RESOURCE_EXHAUSTED).
+    pub max_streams: usize,
+    /// This process among the instances sharing a store (claims are per process).
+    pub instance: String,
+}
+
+impl Default for RlqsOptions {
+    fn default() -> Self {
+        Self {
+            assignment_ttl: Duration::from_secs(20),
+            abandon_after_reports: 12,
+            max_buckets_per_stream: 10_000,
+            max_buckets: 100_000,
+            max_streams: 1_000,
+            instance: format!("sluice-{}", std::process::id()),
+        }
+    }
+}
+
+/// Reports a stream may send per second (and at once); more are dropped and counted.
+const REPORTS_PER_SECOND: f64 = 100.0;
+
+/// The TTL of the assignments sent while draining.
+pub const DRAIN_TTL: Duration = Duration::from_secs(2);
+
+/// The RLQS state of this instance.
+pub struct Quotas {
+    limiter: Arc<Limiter>,
+    options: RlqsOptions,
+    metrics: Option<Arc<RlqsMetrics>>,
+    origin: Instant,
+    ids: AtomicU64,
+    state: Mutex<State>,
+}
+
+struct State {
+    policy: Arc<Policy>,
+    streams: HashMap<StreamId, StreamState>,
+    budgets: HashMap<String, Entry>,
+    buckets: usize,
+    draining: bool,
+}
+
+/// A budget and what names it.
+struct Entry {
+    state: BudgetState,
+    domain: String,
+    rule: String,
+    shadow: bool,
+    /// A claim was answered at least once.
+    claimed: bool,
+    claim_due: f64,
+}
+
+struct StreamState {
+    outbox: Arc<Outbox>,
+    /// By [`bucket_key`] (the budget's key too, when divided).
+    buckets: HashMap<String, Tracked>,
+    /// The report rate limit: tokens and when they were counted.
+    reports: (f64, f64),
+}
+
+/// A bucket on a stream.
+struct Tracked {
+    domain: String,
+    bucket: BucketKey,
+    quota: Quota,
+    /// Whether the quota is divided: the bucket's key is its budget's.
+    divided: bool,
+    assigned: Option<Assigned>,
+    ttl_until: f64,
+    /// When it last had requests (or was first seen).
+    active_at: f64,
+}
+
+impl Quotas {
+    /// The RLQS state over the limiter's policy and store.
+    pub fn new(limiter: Arc<Limiter>, options: RlqsOptions) -> Self {
+        let policy = limiter.policy();
+        Self {
+            limiter,
+            options,
+            metrics: None,
+            origin: Instant::now(),
+            ids: AtomicU64::new(1),
+            state: Mutex::new(State {
+                policy,
+                streams: HashMap::new(),
+                budgets: HashMap::new(),
+                buckets: 0,
+                draining: false,
+            }),
+        }
+    }
+
+    /// Counts what happens in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<RlqsMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &RlqsOptions {
+        &self.options
+    }
+
+    fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    fn ttl(&self) -> u64 {
+        self.options.assignment_ttl.as_secs().max(1)
+    }
+
+    /// A new stream, or why not.
+    pub fn open(&self) -> Result<(StreamId, Arc<Outbox>), tonic::Status> {
+        let mut state = self.state.lock();
+        if state.draining {
+            return Err(tonic::Status::unavailable("shutting down"));
+        }
+        if state.streams.len() >= self.options.max_streams {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "{} RLQS streams are open, the most this instance takes (RLQS_MAX_STREAMS)",
+                self.options.max_streams
+            )));
+        }
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let outbox = Arc::new(Outbox::default());
+        state.streams.insert(
+            id,
+            StreamState {
+                outbox: outbox.clone(),
+                buckets: HashMap::new(),
+                reports: (REPORTS_PER_SECOND, self.now()),
+            },
+        );
+        if let Some(m) = &self.metrics {
+            m.streams.set(state.streams.len() as i64);
+        }
+        Ok((id, outbox))
+    }
+
+    /// The stream ended: its shares stay counted until their TTL.
+    pub fn close(&self, stream: StreamId) {
+        let now = self.now();
+        let mut state = self.state.lock();
+        let Some(gone) = state.streams.remove(&stream) else {
+            return;
+        };
+        gone.outbox.close();
+        state.buckets -= gone.buckets.len();
+        for (key, tracked) in gone.buckets {
+            if tracked.divided {
+                leave(&mut state.budgets, &key, stream, tracked.ttl_until.max(now));
+            }
+        }
+        if let Some(m) = &self.metrics {
+            m.streams.set(state.streams.len() as i64);
+            m.buckets.set(state.buckets as i64);
+        }
+    }
+
+    /// A usage report from `stream`: new buckets are answered at once.
+    pub async fn report(&self, stream: StreamId, domain: &str, usages: Vec<Usage>) {
+        let now = self.now();
+        let unclaimed = {
+            let mut state = self.state.lock();
+            self.record(&mut state, stream, domain, usages, now)
+        };
+        if unclaimed.is_empty() {
+            return;
+        }
+        self.claim_and_step(unclaimed, now).await;
+    }
+
+    /// Applies a report; answers the budgets that need a first claim.
+    fn record(
+        &self,
+        state: &mut State,
+        stream: StreamId,
+        domain: &str,
+        usages: Vec<Usage>,
+        now: f64,
+    ) -> Vec<String> {
+        let State {
+            policy,
+            streams,
+            budgets,
+            buckets,
+            ..
+        } = state;
+        let Some(s) = streams.get_mut(&stream) else {
+            return Vec::new();
+        };
+        let (tokens, at) = s.reports;
+        let tokens = (tokens + (now - at) * REPORTS_PER_SECOND).min(REPORTS_PER_SECOND);
+        if tokens < 1.0 {
+            s.reports = (tokens, now);
+            if let Some(m) = &self.metrics {
+                m.reports_dropped.inc();
+            }
+            return Vec::new();
+        }
+        s.reports = (tokens - 1.0, now);
+        if let Some(m) = &self.metrics {
+            m.reports.inc();
+        }
+        let shadow = self.limiter.options().shadow_mode;
+        let ttl = self.ttl();
+        let mut fresh = Vec::new();
+        let mut touched = Vec::new();
+        for usage in usages {
+            let key = match usage.bucket {
+                Ok(key) => key,
+                Err(reason) => {
+                    self.rejected(reason.label());
+                    continue;
+                }
+            };
+            let id = bucket_key(domain, &key);
+            if !s.buckets.contains_key(&id) {
+                let cap = if s.buckets.len() >= self.options.max_buckets_per_stream {
+                    Some("over_stream_cap")
+                } else if *buckets >= self.options.max_buckets {
+                    Some("over_instance_cap")
+                } else {
+                    None
+                };
+                if let Some(reason) = cap {
+                    self.rejected(reason);
+                    s.outbox.push(key, Action::Assign(Assigned::DenyAll, ttl));
+                    self.count_assignment(Assigned::DenyAll);
+                    continue;
+                }
+                let quota = Quota::of(policy, domain, &key, shadow);
+                s.buckets.insert(
+                    id.clone(),
+                    Tracked {
+                        domain: domain.to_owned(),
+                        bucket: key,
+                        divided: matches!(quota, Quota::Divided { .. }),
+                        quota,
+                        assigned: None,
+                        ttl_until: now,
+                        active_at: now,
+                    },
+                );
+                *buckets += 1;
+                fresh.push(id.clone());
+            }
+            let tracked = s.buckets.get_mut(&id).expect("inserted");
+            if usage.allowed > 0 || usage.denied > 0 {
+                tracked.active_at = now;
+            }
+            if let Quota::Divided {
+                rule,
+                budget,
+                shadow,
+            } = &tracked.quota
+            {
+                let entry = budgets.entry(id.clone()).or_insert_with(|| Entry {
+                    state: BudgetState::new(*budget, Share::default(), now, false),
+                    domain: domain.to_owned(),
+                    rule: rule.clone(),
+                    shadow: *shadow,
+                    claimed: false,
+                    claim_due: now,
+                });
+                entry.state.report(stream, usage.allowed, usage.denied, now);
+                if entry.shadow {
+                    let over = entry.state.shadow_admitted(usage.allowed, now);
+                    if let (Some(m), true) = (&self.metrics, over > 0) {
+                        m.shadow_denied
+                            .with_label_values(&[domain, &entry.rule])
+                            .inc_by(over);
+                    }
+                }
+                if entry.state.sent(stream).is_none() {
+                    touched.push(id.clone());
+                }
+            }
+        }
+        // Answers for the new buckets that need no division.
+        for id in fresh {
+            let tracked = s.buckets.get_mut(&id).expect("tracked");
+            let assigned = match &tracked.quota {
+                Quota::AllowAll { .. } | Quota::Divided { shadow: true, .. } => Assigned::AllowAll,
+                Quota::DenyAll { .. } => Assigned::DenyAll,
+                Quota::Divided { .. } => continue,
+            };
+            tracked.assigned = Some(assigned);
+            tracked.ttl_until = now + ttl as f64;
+            s.outbox
+                .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
+            self.count_assignment(assigned);
+        }
+        if let Some(m) = &self.metrics {
+            m.buckets.set(*buckets as i64);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        touched
+            .into_iter()
+            .filter(|k| budgets.get(k).is_some_and(|e| !e.shadow))
+            .collect()
+    }
+
+    /// Claims for `keys` (those not claimed yet), then steps them and sends what changed.
+    async fn claim_and_step(&self, keys: Vec<String>, now: f64) {
+        let asks: Vec<ClaimAsk> = {
+            let state = self.state.lock();
+            keys.iter()
+                .filter_map(|k| {
+                    state
+                        .budgets
+                        .get(k)
+                        .filter(|e| !e.claimed)
+                        .map(|e| self.ask(k, e))
+                })
+                .collect()
+        };
+        let grants = self.claims(&asks).await;
+        let mut state = self.state.lock();
+        apply_grants(&mut state, &asks, grants, now, self.claim_ttl());
+        for key in keys {
+            self.step_budget(&mut state, &key, now);
+        }
+    }
+
+    /// The claim this instance asks for `entry`: what it holds, or more for its demand.
+    fn ask(&self, key: &str, entry: &Entry) -> ClaimAsk {
+        let total = entry.state.budget.rate;
+        let mine = entry.state.demand();
+        let held = entry.state.held().rate;
+        ClaimAsk {
+            key: key.to_owned(),
+            instance: self.options.instance.clone(),
+            total,
+            want: held.max(entry.state.fair_want(total, mine)),
+            demand: mine,
+            ttl: self.claim_ttl(),
+        }
+    }
+
+    /// How long a claim lives: past the TTL of every assignment sent under it.
+    fn claim_ttl(&self) -> Duration {
+        self.options.assignment_ttl + Duration::from_secs(5)
+    }
+
+    async fn claims(&self, asks: &[ClaimAsk]) -> Option<Vec<ClaimGrant>> {
+        if asks.is_empty() {
+            return Some(Vec::new());
+        }
+        match self.limiter.store().claim(asks).await {
+            Ok(grants) if grants.len() == asks.len() => Some(grants),
+            Ok(_) | Err(_) => {
+                if let Some(m) = &self.metrics {
+                    m.claim_errors.inc();
+                }
+                None
+            }
+        }
+    }
+
+    /// Steps one budget and queues what changed.
+    fn step_budget(&self, state: &mut State, key: &str, now: f64) {
+        let State {
+            streams, budgets, ..
+        } = state;
+        let Some(entry) = budgets.get_mut(key) else {
+            return;
+        };
+        if entry.shadow || !entry.claimed {
+            return;
+        }
+        let drained = |s: StreamId| streams.get(&s).and_then(|s| s.outbox.drained_at());
+        let changes = entry.state.step(now, &drained);
+        let window = entry.state.budget.window;
+        let ttl = self.options.assignment_ttl.as_secs().max(1);
+        for (stream, share) in changes {
+            let Some(s) = streams.get_mut(&stream) else {
+                continue;
+            };
+            let Some(tracked) = s.buckets.get_mut(key) else {
+                continue;
+            };
+            let assigned = encodable(tracked.assigned, share, window);
+            tracked.assigned = Some(assigned);
+            tracked.ttl_until = now + ttl as f64;
+            s.outbox
+                .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
+            self.count_assignment(assigned);
+        }
+    }
+
+    /// Once a second: reloads, claims, shares, TTLs, abandons, metrics.
+    pub async fn tick(&self) {
+        let now = self.now();
+        let asks: Vec<ClaimAsk> = {
+            let mut state = self.state.lock();
+            if state.draining {
+                return;
+            }
+            self.follow_policy(&mut state, now);
+            state
+                .budgets
+                .iter()
+                .filter(|(_, e)| !e.shadow)
+                .filter(|(_, e)| {
+                    let ask_rate = e
+                        .state
+                        .held()
+                        .rate
+                        .max(e.state.fair_want(e.state.budget.rate, e.state.demand()));
+                    !e.claimed || now >= e.claim_due || ask_rate != e.state.claim().rate
+                })
+                .map(|(k, e)| self.ask(k, e))
+                .collect()
+        };
+        let grants = self.claims(&asks).await;
+        let mut state = self.state.lock();
+        apply_grants(&mut state, &asks, grants, now, self.claim_ttl());
+        let keys: Vec<String> = state.budgets.keys().cloned().collect();
+        for key in &keys {
+            self.step_budget(&mut state, key, now);
+        }
+        self.renew_and_abandon(&mut state, now);
+        state
+            .budgets
+            .retain(|_, e| e.state.streams() > 0 || e.state.held().rate > 0);
+        self.observe(&state);
+    }
+
+    /// Re-sends assignments with half their TTL left; abandons idle buckets.
+    fn renew_and_abandon(&self, state: &mut State, now: f64) {
+        let ttl = self.ttl();
+        let idle_for = f64::from(self.options.abandon_after_reports) * REPORT_INTERVAL;
+        let State {
+            streams,
+            budgets,
+            buckets,
+            ..
+        } = state;
+        for (&stream, s) in streams.iter_mut() {
+            let mut abandoned = Vec::new();
+            for (id, tracked) in &mut s.buckets {
+                if now - tracked.active_at >= idle_for {
+                    abandoned.push(id.clone());
+                    continue;
+                }
+                if let Some(assigned) = tracked.assigned
+                    && tracked.ttl_until - now < ttl as f64 / 2.0
+                {
+                    tracked.ttl_until = now + ttl as f64;
+                    s.outbox
+                        .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
+                    self.count_assignment(assigned);
+                }
+            }
+            for id in abandoned {
+                let tracked = s.buckets.remove(&id).expect("listed");
+                *buckets -= 1;
+                if tracked.divided {
+                    // Envoy forgets the bucket when the action arrives.
+                    leave(budgets, &id, stream, now + 2.0 * SETTLE);
+                }
+                s.outbox.push(tracked.bucket, Action::Abandon);
+                if let Some(m) = &self.metrics {
+                    m.abandoned.inc();
+                }
+            }
+        }
+    }
+
+    /// A reload: every bucket's quota again; changed ones are re-sent.
+    fn follow_policy(&self, state: &mut State, now: f64) {
+        let policy = self.limiter.policy();
+        if Arc::ptr_eq(&policy, &state.policy) {
+            return;
+        }
+        state.policy = policy.clone();
+        let shadow = self.limiter.options().shadow_mode;
+        let ttl = self.ttl();
+        let State {
+            streams, budgets, ..
+        } = state;
+        for (&stream, s) in streams.iter_mut() {
+            for (id, tracked) in &mut s.buckets {
+                let quota = Quota::of(&policy, &tracked.domain, &tracked.bucket, shadow);
+                if quota == tracked.quota {
+                    continue;
+                }
+                let divided = matches!(quota, Quota::Divided { .. });
+                if tracked.divided {
+                    if divided {
+                        if let (
+                            Some(entry),
+                            Quota::Divided {
+                                budget: b,
+                                rule,
+                                shadow,
+                            },
+                        ) = (budgets.get_mut(id), &quota)
+                        {
+                            let claim = entry.state.claim().min(b.share_of(b.rate));
+                            entry.state.set_claim(b.share_of(claim.rate), *b);
+                            entry.rule = rule.clone();
+                            entry.shadow = *shadow;
+                            entry.claim_due = now;
+                        }
+                    } else {
+                        leave(budgets, id, stream, tracked.ttl_until.max(now));
+                    }
+                }
+                if let Quota::Divided {
+                    budget: b,
+                    rule,
+                    shadow,
+                } = &quota
+                {
+                    let entry = budgets.entry(id.clone()).or_insert_with(|| Entry {
+                        state: BudgetState::new(*b, Share::default(), now, false),
+                        domain: tracked.domain.clone(),
+                        rule: rule.clone(),
+                        shadow: *shadow,
+                        claimed: false,
+                        claim_due: now,
+                    });
+                    entry.state.report(stream, 0, 0, now);
+                }
+                let assigned = match &quota {
+                    Quota::AllowAll { .. } | Quota::Divided { shadow: true, .. } => {
+                        Some(Assigned::AllowAll)
+                    }
+                    Quota::DenyAll { .. } => Some(Assigned::DenyAll),
+                    Quota::Divided { .. } => None,
+                };
+                if let Some(assigned) = assigned {
+                    tracked.assigned = Some(assigned);
+                    tracked.ttl_until = now + ttl as f64;
+                    s.outbox
+                        .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
+                    self.count_assignment(assigned);
+                }
+                tracked.quota = quota;
+                tracked.divided = divided;
+            }
+        }
+    }
+
+    /// Short TTLs on every stream, then the streams close and the claims end soon after.
+    pub async fn drain(&self) {
+        let ttl = DRAIN_TTL.as_secs();
+        let asks: Vec<ClaimAsk> = {
+            let mut state = self.state.lock();
+            state.draining = true;
+            for s in state.streams.values() {
+                for tracked in s.buckets.values() {
+                    if let Some(assigned) = tracked.assigned {
+                        s.outbox
+                            .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
+                    }
+                }
+                s.outbox.close();
+            }
+            state
+                .budgets
+                .iter()
+                .filter(|(_, e)| e.claimed && !e.shadow)
+                .map(|(k, e)| ClaimAsk {
+                    ttl: DRAIN_TTL + Duration::from_secs(1),
+                    ..self.ask(k, e)
+                })
+                .collect()
+        };
+        let _ = self.claims(&asks).await;
+    }
+
+    fn observe(&self, state: &State) {
+        let Some(m) = &self.metrics else { return };
+        m.demand.reset();
+        m.granted.reset();
+        for entry in state.budgets.values() {
+            let labels = [entry.domain.as_str(), entry.rule.as_str()];
+            let window = entry.state.budget.window as f64;
+            m.demand
+                .with_label_values(&labels)
+                .add(entry.state.demand() / window);
+            if !entry.shadow {
+                m.granted
+                    .with_label_values(&labels)
+                    .add(entry.state.held().rate as f64 / window);
+            }
+        }
+        m.buckets.set(state.buckets as i64);
+    }
+
+    fn rejected(&self, reason: &str) {
+        if let Some(m) = &self.metrics {
+            m.rejected.with_label_values(&[reason]).inc();
+        }
+    }
+
+    fn count_assignment(&self, assigned: Assigned) {
+        if let Some(m) = &self.metrics {
+            m.assignments.with_label_values(&[assigned.label()]).inc();
+        }
+    }
+
+    /// One line per budget for `/rlconfig`: rule, bucket, budget, this instance's claim,
+    /// what it hands out, the demand and the streams.
+    pub fn dump(&self) -> String {
+        use std::fmt::Write as _;
+        let state = self.state.lock();
+        let mut lines: Vec<String> = state
+            .budgets
+            .iter()
+            .map(|(key, e)| {
+                let b = e.state.budget;
+                let mut line = String::new();
+                let _ = write!(
+                    line,
+                    "rlqs {}: bucket {} budget {} per {} s burst {}{}: claim {} held {} demand {:.1} streams {}",
+                    e.rule,
+                    key.split_once('\n').map_or(key.as_str(), |(_, b)| b),
+                    b.rate,
+                    b.window,
+                    b.burst,
+                    if e.shadow { " (shadow)" } else { "" },
+                    e.state.claim().rate,
+                    e.state.held().rate,
+                    e.state.demand(),
+                    e.state.streams(),
+                );
+                line
+            })
+            .collect();
+        lines.sort();
+        let mut out = lines.join("\n");
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// One bucket of a report, checked.
+pub struct Usage {
+    /// The bucket id, or why it is refused.
+    pub bucket: Result<BucketKey, Rejected>,
+    /// Requests allowed since the last report.
+    pub allowed: u64,
+    /// Requests denied since the last report.
+    pub denied: u64,
+}
+
+/// A bucket's key on a stream, and its budget's when it is divided: the domain and the
+/// canonical bucket id.
+fn bucket_key(domain: &str, key: &BucketKey) -> String {
+    format!("{domain}\n{}", key.as_str())
+}
+
+fn leave(budgets: &mut HashMap<String, Entry>, key: &str, stream: StreamId, until: f64) {
+    if let Some(entry) = budgets.get_mut(key) {
+        entry.state.leave(stream, until);
+    }
+}
+
+/// The claims answered: each budget's part for this instance (its first tells whether it
+/// may hand out its burst at once).
+fn apply_grants(
+    state: &mut State,
+    asks: &[ClaimAsk],
+    grants: Option<Vec<ClaimGrant>>,
+    now: f64,
+    ttl: Duration,
+) {
+    let Some(grants) = grants else { return };
+    for (ask, grant) in asks.iter().zip(grants) {
+        let Some(entry) = state.budgets.get_mut(&ask.key) else {
+            continue;
+        };
+        let budget = entry.state.budget;
+        let claim = budget.share_of(grant.granted.min(budget.rate));
+        if entry.claimed {
+            entry.state.set_claim(claim, budget);
+        } else {
+            entry.state.first_claim(claim, grant.others_hold == 0);
+            entry.claimed = true;
+        }
+        entry.state.others_demand = grant.others_demand;
+        entry.state.others = grant.others;
+        entry.claim_due = now + ttl.as_secs_f64() / 3.0;
+    }
+}
+
+/// What is sent for `share` in a budget of `window` seconds. Envoy 1.40 keeps a token
+/// bucket whose capacity and fill are unchanged even when the fill interval changed, so a
+/// new window with the same numbers is sent one token lower (lowering is always safe).
+fn encodable(before: Option<Assigned>, share: Share, window: u64) -> Assigned {
+    if share.is_empty() {
+        return Assigned::DenyAll;
+    }
+    let mut share = share;
+    if let Some(Assigned::Bucket(old, old_window)) = before
+        && old_window != window
+        && old == share
+    {
+        if share.burst > 1 {
+            share.burst -= 1;
+        } else if share.rate > 1 {
+            share.rate -= 1;
+        } else {
+            return Assigned::DenyAll;
+        }
+    }
+    Assigned::Bucket(share, window)
+}

@@ -1,0 +1,163 @@
+//! Envoy 1.40 with the `rate_limit_quota` filter in front of a direct response, asking Sluice
+//! over RLQS; and the tests' own RLQS client for what Envoy never sends.
+
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use tokio::sync::mpsc;
+use tonic::Streaming;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+
+use super::envoy::{self, Envoy};
+
+/// An Envoy whose front listener's requests are put in the bucket `{name: <x-bucket>}` of
+/// domain `rq` (a request without `x-bucket` is allowed and not reported), answered 200 by a
+/// direct response or 429 with `x-rlqs: denied`. `no_assignment` is the filter's
+/// `no_assignment_behavior` strategy (e.g. `{blanket_rule: ALLOW_ALL}`).
+pub async fn envoy(sluice: u16, no_assignment: &str) -> (Envoy, u16) {
+    let free = super::redis::free_port;
+    let (front, admin) = (free(), free());
+    let bootstrap = format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: ok}}}}
+          http_filters:
+          - name: envoy.filters.http.rate_limit_quota
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+              rlqs_server: {{envoy_grpc: {{cluster_name: rlqs}}}}
+              domain: rq
+              bucket_matchers:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      single_predicate:
+                        input:
+                          name: has-bucket
+                          typed_config:
+                            "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                            header_name: x-bucket
+                        value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
+                    on_match:
+                      action:
+                        name: bucket
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                          bucket_id_builder:
+                            bucket_id_builder:
+                              name:
+                                custom_value:
+                                  name: bucket-header
+                                  typed_config:
+                                    "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                                    header_name: x-bucket
+                          reporting_interval: 1s
+                          no_assignment_behavior: {{fallback_rate_limit: {no_assignment}}}
+                          deny_response_settings:
+                            response_headers_to_add: [{{header: {{key: x-rlqs, value: denied}}}}]
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: rlqs
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: rlqs
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {sluice}}}}}}}}}]}}]
+"#
+    );
+    (Envoy::start(&bootstrap, admin).await, front)
+}
+
+/// A request in bucket `bucket`: its status.
+pub async fn call(front: u16, bucket: &str) -> u16 {
+    envoy::get(front, "/", &[("x-bucket", bucket)]).await.0
+}
+
+/// The tests' own RLQS stream: reports go out on `send`, answers come in on `answers`.
+pub struct Stream {
+    send: mpsc::Sender<RateLimitQuotaUsageReports>,
+    /// What Sluice answers.
+    pub answers: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Stream {
+    /// Opens a stream to Sluice at `addr`.
+    pub async fn open(addr: std::net::SocketAddr) -> Result<Self, tonic::Status> {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap()
+            .max_decoding_message_size(64 * 1024 * 1024);
+        let (send, receive) = mpsc::channel(16);
+        let answers = client
+            .stream_rate_limit_quotas(ReceiverStream::new(receive))
+            .await?
+            .into_inner();
+        Ok(Self { send, answers })
+    }
+
+    /// Sends one report of `usages` in `domain`.
+    pub async fn report(&self, domain: &str, usages: Vec<BucketQuotaUsage>) {
+        self.send
+            .send(RateLimitQuotaUsageReports {
+                domain: domain.into(),
+                bucket_quota_usages: usages,
+            })
+            .await
+            .unwrap();
+    }
+
+    /// The next answer, within 10 s.
+    pub async fn next(&mut self) -> RateLimitQuotaResponse {
+        tokio::time::timeout(std::time::Duration::from_secs(10), self.answers.message())
+            .await
+            .expect("an answer within 10 s")
+            .expect("the stream is healthy")
+            .expect("the stream is open")
+    }
+}
+
+/// A usage of the bucket with these pairs.
+pub fn usage(pairs: &[(&str, &str)], allowed: u64, denied: u64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(bucket(pairs)),
+        time_elapsed: None,
+        num_requests_allowed: allowed,
+        num_requests_denied: denied,
+    }
+}
+
+/// A bucket id of these pairs.
+pub fn bucket(pairs: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<HashMap<_, _>>(),
+    }
+}

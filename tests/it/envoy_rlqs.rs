@@ -1,0 +1,119 @@
+//! Envoy 1.40's `rate_limit_quota` filter against Sluice: the rule's token bucket enforced
+//! by Envoy itself, DENY_ALL and unlimited rules, a reload that changes a limit.
+
+use crate::common::rlqs::{call, envoy};
+use crate::common::{TestServer, config_dir, eventually, http_get, metric, replace_file};
+use sluice::settings::Settings;
+
+const RULES: &str = "
+domain: rq
+descriptors:
+  - key: name
+    value: open
+    rate_limit: {unlimited: true}
+  - key: name
+    value: closed
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: name
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+
+/// Requests in `bucket` one after another until one is refused (at most `most`): how many
+/// passed, and whether one was refused.
+async fn until_refused(front: u16, bucket: &str, most: usize) -> (usize, bool) {
+    for passed in 0..most {
+        match call(front, bucket).await {
+            200 => {}
+            429 => return (passed, true),
+            other => panic!("status {other}"),
+        }
+    }
+    (most, false)
+}
+
+async fn assignments(sluice: &TestServer, strategy: &str) -> u64 {
+    let (_, page) = http_get(sluice.http_addr, "/metrics").await.unwrap();
+    metric(
+        &page,
+        &format!("sluice_rlqs_assignments_total{{strategy=\"{strategy}\"}}"),
+    )
+    .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_enforces_the_rules_token_bucket_by_itself() {
+    let sluice = TestServer::start(&[("rq.yaml", RULES)]).await;
+    let (_envoy, front) = envoy(sluice.grpc_addr.port(), "{blanket_rule: ALLOW_ALL}").await;
+    // The first request has no assignment yet (ALLOW_ALL) and makes Envoy report the bucket.
+    assert_eq!(call(front, "alice").await, 200);
+    eventually("a token bucket is assigned", || async {
+        assignments(&sluice, "token_bucket").await >= 1
+    })
+    .await;
+    // Then Envoy's bucket: 3 at once (it starts full), and a 429 of its own.
+    let (passed, refused) = until_refused(front, "alice", 20).await;
+    assert!(refused, "Envoy enforces the assignment");
+    assert!(
+        (2..=4).contains(&passed),
+        "3 per minute, a burst of 3: {passed} passed"
+    );
+    // Another bucket has a budget of its own.
+    assert_eq!(call(front, "bob").await, 200);
+    let (_, page) = http_get(sluice.http_addr, "/rlconfig").await.unwrap();
+    assert!(page.contains("# rlqs rq.name: bucket"), "{page}");
+    assert!(page.contains("budget 3 per 60 s burst 3"), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_of_zero_is_deny_all_and_unlimited_is_allow_all() {
+    let sluice = TestServer::start(&[("rq.yaml", RULES)]).await;
+    let (_envoy, front) = envoy(sluice.grpc_addr.port(), "{blanket_rule: ALLOW_ALL}").await;
+    call(front, "closed").await;
+    eventually("DENY_ALL is assigned", || async {
+        assignments(&sluice, "deny_all").await >= 1
+    })
+    .await;
+    let (status, head, _) = crate::common::envoy::get(front, "/", &[("x-bucket", "closed")]).await;
+    assert_eq!(status, 429, "{head}");
+    assert!(
+        head.contains("x-rlqs: denied"),
+        "Envoy's deny settings: {head}"
+    );
+    call(front, "open").await;
+    eventually("ALLOW_ALL is assigned", || async {
+        assignments(&sluice, "allow_all").await >= 1
+    })
+    .await;
+    for _ in 0..30 {
+        assert_eq!(call(front, "open").await, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_re_sends_the_changed_assignment() {
+    let dir = config_dir("rlqs-reload", &[("rq.yaml", RULES)]);
+    let sluice = TestServer::start_with(Settings::for_tests(&dir)).await;
+    let (_envoy, front) = envoy(sluice.grpc_addr.port(), "{blanket_rule: ALLOW_ALL}").await;
+    call(front, "carol").await;
+    eventually("a token bucket is assigned", || async {
+        assignments(&sluice, "token_bucket").await >= 1
+    })
+    .await;
+    let (_, refused) = until_refused(front, "carol", 20).await;
+    assert!(refused);
+    // The operator lifts the limit: Envoy gets ALLOW_ALL without a new report.
+    replace_file(
+        &dir,
+        "rq.yaml",
+        &RULES
+            .replace("requests_per_unit: 3", "unlimited: true")
+            .replace("{unit: minute, unlimited: true}", "{unlimited: true}"),
+    );
+    eventually("the reload reaches Envoy", || async {
+        call(front, "carol").await == 200
+    })
+    .await;
+    for _ in 0..20 {
+        assert_eq!(call(front, "carol").await, 200);
+    }
+}
