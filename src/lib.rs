@@ -32,6 +32,8 @@
 //! 5. Faces
 //!    - [`admin`]: HTTP endpoints `/json`, `/healthcheck`, `/ready`, `/rlconfig`,
 //!      `/metrics`, `/explain`, `/counters`, and the admin gRPC API.
+//!    - [`rlqs`]: Envoy's `RateLimitQuotaService` (the `rate_limit_quota` filter): each
+//!      Envoy's share of a rule's budget, divided by demand across the fleet.
 //!    - [`rls`]: the Envoy `RateLimitService` over gRPC; the only module that knows the
 //!      proto (besides [`admin`], which speaks its JSON form).
 //!    - [`source`]: config sources side by side (the directory watcher, xDS) and the

@@ -176,9 +176,12 @@ impl BudgetState {
             Some(at) => requests / (now - at).max(1.0) * window,
             None => requests / REPORT_INTERVAL * window,
         };
+        // No Envoy can use more than the whole budget: demand past it says nothing more (and
+        // a flood's denials would take long to fade). A rise counts at once, a fall mostly.
+        let rate = rate.min(self.budget.rate as f64);
         h.demand = Some(match h.demand {
-            Some(old) => (old + rate) / 2.0,
-            None => rate,
+            Some(old) if rate < old => 0.25 * old + 0.75 * rate,
+            _ => rate,
         });
         h.last_report = Some(now);
         if let Some(share) = h.sent.filter(|s| !s.is_empty()) {
@@ -224,11 +227,19 @@ impl BudgetState {
             .iter()
             .map(|s| self.holdings[s].demand.unwrap_or(0.0))
             .collect();
-        let rates = divide(self.claim.rate, &demands);
+        // What this instance divides: its claim, or less when its fair part of the fleet's
+        // budget is smaller (the claim follows once the Envoys hold less).
+        let part = self.budget.share_of(
+            self.claim
+                .rate
+                .min(self.fair_want(self.budget.rate, self.demand())),
+        );
+        let part = part.min(self.claim);
+        let rates = divide(part.rate, &demands);
         let mut changes = Vec::new();
         // 1. Lower whatever is above its target.
         for (stream, &rate) in streams.iter().zip(&rates) {
-            let target = self.budget.share_of(rate).min(self.claim);
+            let target = self.budget.share_of(rate).min(part);
             let h = self.holdings.get_mut(stream).expect("listed");
             let Some(sent) = h.sent else { continue };
             let lower = sent.min(target);
@@ -250,7 +261,7 @@ impl BudgetState {
             .zip(&rates)
             .map(|(s, &rate)| {
                 let h = &self.holdings[s];
-                let target = self.budget.share_of(rate).min(self.claim);
+                let target = self.budget.share_of(rate).min(part);
                 let short = h.demand.unwrap_or(0.0) - h.sent.map_or(0, |x| x.rate) as f64;
                 (*s, target, short)
             })

@@ -98,13 +98,16 @@ impl RateLimitQuotaService for RlqsService {
                 quotas.report(id, &reports.domain, usages).await;
             }
         });
-        let origin = std::time::Instant::now();
-        let answers = futures_util::stream::unfold(outbox, move |outbox| async move {
-            let actions = outbox.take(|| origin.elapsed().as_secs_f64()).await?;
-            let response = RateLimitQuotaResponse {
-                bucket_action: actions.into_iter().map(|(b, a)| encode(&b, a)).collect(),
-            };
-            Some((Ok(response), outbox))
+        let clock = self.quotas.clone();
+        let answers = futures_util::stream::unfold(outbox, move |outbox| {
+            let clock = clock.clone();
+            async move {
+                let actions = outbox.take(|| clock.now()).await?;
+                let response = RateLimitQuotaResponse {
+                    bucket_action: actions.into_iter().map(|(b, a)| encode(&b, a)).collect(),
+                };
+                Some((Ok(response), outbox))
+            }
         });
         Ok(Response::new(Box::pin(answers)))
     }

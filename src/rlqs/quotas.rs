@@ -52,6 +52,10 @@ impl Default for RlqsOptions {
 /// Reports a stream may send per second (and at once); more are dropped and counted.
 const REPORTS_PER_SECOND: f64 = 100.0;
 
+/// How often each budget's claim is renewed, which is also how soon an instance learns of
+/// the others' demand (one store call per budget each time).
+const CLAIM_REFRESH: f64 = 2.0;
+
 /// The TTL of the assignments sent while draining.
 pub const DRAIN_TTL: Duration = Duration::from_secs(2);
 
@@ -136,7 +140,8 @@ impl Quotas {
         &self.options
     }
 
-    fn now(&self) -> f64 {
+    /// Seconds on this instance's monotonic clock, which every time in the RLQS state is on.
+    pub fn now(&self) -> f64 {
         self.origin.elapsed().as_secs_f64()
     }
 
@@ -353,7 +358,7 @@ impl Quotas {
         };
         let grants = self.claims(&asks).await;
         let mut state = self.state.lock();
-        apply_grants(&mut state, &asks, grants, now, self.claim_ttl());
+        apply_grants(&mut state, &asks, grants, now);
         for key in keys {
             self.step_budget(&mut state, &key, now);
         }
@@ -451,7 +456,7 @@ impl Quotas {
         };
         let grants = self.claims(&asks).await;
         let mut state = self.state.lock();
-        apply_grants(&mut state, &asks, grants, now, self.claim_ttl());
+        apply_grants(&mut state, &asks, grants, now);
         let keys: Vec<String> = state.budgets.keys().cloned().collect();
         for key in &keys {
             self.step_budget(&mut state, key, now);
@@ -700,13 +705,7 @@ fn leave(budgets: &mut HashMap<String, Entry>, key: &str, stream: StreamId, unti
 
 /// The claims answered: each budget's part for this instance (its first tells whether it
 /// may hand out its burst at once).
-fn apply_grants(
-    state: &mut State,
-    asks: &[ClaimAsk],
-    grants: Option<Vec<ClaimGrant>>,
-    now: f64,
-    ttl: Duration,
-) {
+fn apply_grants(state: &mut State, asks: &[ClaimAsk], grants: Option<Vec<ClaimGrant>>, now: f64) {
     let Some(grants) = grants else { return };
     for (ask, grant) in asks.iter().zip(grants) {
         let Some(entry) = state.budgets.get_mut(&ask.key) else {
@@ -722,7 +721,7 @@ fn apply_grants(
         }
         entry.state.others_demand = grant.others_demand;
         entry.state.others = grant.others;
-        entry.claim_due = now + ttl.as_secs_f64() / 3.0;
+        entry.claim_due = now + CLAIM_REFRESH;
     }
 }
 

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 
-use crate::common::rlqs::{Stream, bucket, usage};
+use crate::common::rlqs::{Stream, usage};
 use crate::common::{TestServer, config_dir, http_get, metric};
 use sluice::settings::Settings;
 
@@ -259,5 +259,4 @@ async fn the_drain_sends_short_ttls_and_closes_the_stream() {
         .unwrap();
     assert!(matches!(end, Ok(None)), "{end:?}");
     stop.await.unwrap().unwrap();
-    let _ = bucket(&[]);
 }

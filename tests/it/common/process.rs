@@ -21,7 +21,8 @@ pub struct SluiceProcess {
 }
 
 impl SluiceProcess {
-    /// Runs `sluice serve --config DIR` with `args`, and waits for its "serving" log line
+    /// Runs `sluice serve --config DIR` with `args` (on a free gRPC port unless they name one),
+    /// and waits for its "serving" log line
     /// (the readiness signal, which names the bound ports).
     pub fn spawn(dir: &std::path::Path, args: &[&str]) -> Self {
         Self::spawn_with_env(dir, args, &[])
@@ -61,7 +62,12 @@ impl SluiceProcess {
         let mut child = command
             .args(["serve", "--config"])
             .arg(dir)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(if args.contains(&"--grpc-addr") {
+                &[][..]
+            } else {
+                &["--grpc-addr", "127.0.0.1:0"][..]
+            })
+            .args(["--http-addr", "127.0.0.1:0"])
             .args(args)
             .env("LOG_FORMAT", "text")
             .env("LOG_LEVEL", "info")

@@ -99,6 +99,55 @@ pub async fn call(front: u16, bucket: &str) -> u16 {
     envoy::get(front, "/", &[("x-bucket", bucket)]).await.0
 }
 
+/// An HTTP/1.1 client on one kept-alive connection (Envoy closes a `Connection: close`
+/// exchange only after its delayed-close timeout, a second): many requests a second.
+pub struct KeepAlive {
+    stream: tokio::io::BufReader<tokio::net::TcpStream>,
+}
+
+impl KeepAlive {
+    /// A connection to Envoy's `front` listener.
+    pub async fn connect(front: u16) -> Self {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", front))
+            .await
+            .unwrap();
+        Self {
+            stream: tokio::io::BufReader::new(stream),
+        }
+    }
+
+    /// A request in bucket `bucket`: its status.
+    pub async fn call(&mut self, bucket: &str) -> u16 {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let request = format!("GET / HTTP/1.1\r\nHost: test\r\nx-bucket: {bucket}\r\n\r\n");
+        self.stream
+            .get_mut()
+            .write_all(request.as_bytes())
+            .await
+            .unwrap();
+        let mut status = 0;
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            self.stream.read_line(&mut line).await.unwrap();
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some(rest) = line.strip_prefix("HTTP/1.1 ") {
+                status = rest[..3].parse().unwrap();
+            } else if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        self.stream.read_exact(&mut body).await.unwrap();
+        status
+    }
+}
+
 /// The tests' own RLQS stream: reports go out on `send`, answers come in on `answers`.
 pub struct Stream {
     send: mpsc::Sender<RateLimitQuotaUsageReports>,

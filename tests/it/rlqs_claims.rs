@@ -1,0 +1,59 @@
+//! Claims on a shared RLQS budget in Redis and Redis Cluster: two instances never hold more
+//! than the total between them, a claim lowered is free for the other, and a claim that is
+//! not renewed ends with its TTL.
+
+use std::time::Duration;
+
+use crate::common::redis::{RedisCluster, RedisServer};
+use sluice::store::redis::{RedisKind, RedisOptions};
+use sluice::store::{ClaimAsk, RedisStore, Store};
+
+fn ask(instance: &str, want: u64, ttl_ms: u64) -> ClaimAsk {
+    ClaimAsk {
+        key: "rq\nbucket".into(),
+        instance: instance.into(),
+        total: 10,
+        want,
+        demand: 7.5,
+        ttl: Duration::from_millis(ttl_ms),
+    }
+}
+
+async fn claims_add_up(store: &RedisStore) {
+    let one = store.claim(&[ask("one", 10, 60_000)]).await.unwrap()[0];
+    assert_eq!((one.granted, one.others), (10, 0));
+    let two = store.claim(&[ask("two", 5, 60_000)]).await.unwrap()[0];
+    assert_eq!(
+        (two.granted, two.others, two.others_hold),
+        (0, 1, 10),
+        "{two:?}"
+    );
+    assert_eq!(two.others_demand, 7.5);
+    // One lowers its claim: the other may take what it left.
+    let one = store.claim(&[ask("one", 5, 60_000)]).await.unwrap()[0];
+    assert_eq!((one.granted, one.others_hold), (5, 0));
+    let two = store.claim(&[ask("two", 8, 60_000)]).await.unwrap()[0];
+    assert_eq!(two.granted, 5, "{two:?}");
+    // A claim not renewed ends with its TTL.
+    let three = store.claim(&[ask("three", 0, 200)]).await.unwrap()[0];
+    assert_eq!(three.others_hold, 10);
+    let short = store.claim(&[ask("one", 5, 200)]).await.unwrap()[0];
+    assert_eq!(short.granted, 5);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let two = store.claim(&[ask("two", 10, 60_000)]).await.unwrap()[0];
+    assert_eq!((two.granted, two.others), (10, 0), "{two:?}");
+}
+
+#[tokio::test]
+async fn claims_in_redis_never_add_up_past_the_total() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&RedisOptions::new(redis.url(), RedisKind::Single)).unwrap();
+    claims_add_up(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_in_a_redis_cluster_never_add_up_past_the_total() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::new(&RedisOptions::new(cluster.url(), RedisKind::Cluster)).unwrap();
+    claims_add_up(&store).await;
+}
