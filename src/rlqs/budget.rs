@@ -311,8 +311,11 @@ impl BudgetState {
                 continue;
             }
             if up.is_empty() {
-                // Nothing to give yet: a first answer of DENY_ALL (never silence).
-                if h.sent.is_none() {
+                // Nothing to give yet. A newcomer is answered DENY_ALL until shares free up;
+                // but while a closed stream's shares are still counted, the new stream is
+                // likely the same Envoy reconnected, which still enforces what it holds:
+                // it is left to that (or to its no_assignment_behavior) until they expire.
+                if h.sent.is_none() && self.ghosts.is_empty() {
                     h.sent = Some(up);
                     changes.push((stream, up));
                 }

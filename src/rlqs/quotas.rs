@@ -39,7 +39,7 @@ pub struct RlqsOptions {
 impl Default for RlqsOptions {
     fn default() -> Self {
         Self {
-            assignment_ttl: Duration::from_secs(20),
+            assignment_ttl: Duration::from_secs(10),
             abandon_after_reports: 12,
             max_buckets_per_stream: 10_000,
             max_buckets: 100_000,

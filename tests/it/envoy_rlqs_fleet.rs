@@ -191,3 +191,55 @@ async fn two_replicas_on_one_redis_divide_the_budget_also_across_a_restart() {
     all.sort();
     assert_within_bound(&all, 4.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_envoy_gets_its_share_back_once_the_old_ones_ttl_ends() {
+    let sluice = TestServer::start(&[("rq.yaml", RULES)]).await;
+    let port = sluice.grpc_addr.port();
+    let (first, front) = envoy(port, "{blanket_rule: DENY_ALL}").await;
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut all = hammer(front, "shared", until).await;
+    assert!(all.len() >= 20, "{} admitted", all.len());
+    // Envoy dies; its stream's share stays counted until the TTL of what it was sent (10 s),
+    // as a live Envoy whose stream broke would still enforce it.
+    drop(first);
+    let (_second, front) = envoy(port, "{blanket_rule: DENY_ALL}").await;
+    let until = Instant::now() + Duration::from_secs(16);
+    let again = hammer(front, "shared", until).await;
+    let recent = in_last(&again, until, Duration::from_secs(4));
+    assert!(
+        recent >= 30,
+        "the new Envoy holds the budget again: {recent} in 4 s"
+    );
+    all.extend(again);
+    all.sort();
+    assert_within_bound(&all, 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_keeps_its_share_across_a_restart_of_sluice() {
+    let dir = config_dir("rlqs-restart", &[("rq.yaml", RULES)]);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let sluice = SluiceProcess::spawn(&dir, &["--grpc-addr", &addr]);
+    let (_envoy, front) = envoy(port, "{blanket_rule: DENY_ALL}").await;
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut all = hammer(front, "shared", until).await;
+    // A rolling restart: drained (2 s TTLs), then a new process on the same port; Envoy
+    // reopens its stream and lists its bucket again.
+    sluice.terminate();
+    drop(sluice);
+    let _sluice = SluiceProcess::spawn(&dir, &["--grpc-addr", &addr]);
+    let until = Instant::now() + Duration::from_secs(12);
+    let again = hammer(front, "shared", until).await;
+    let recent = in_last(&again, until, Duration::from_secs(4));
+    assert!(
+        recent >= 30,
+        "Envoy is served by the new process: {recent} in 4 s"
+    );
+    all.extend(again);
+    all.sort();
+    // The new process knows nothing of the old one's shares: it may hand out its burst
+    // again (the restart's allowance, at most one burst).
+    assert_within_bound(&all, 2.0 + BURST);
+}

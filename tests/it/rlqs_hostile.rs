@@ -247,7 +247,7 @@ async fn the_drain_sends_short_ttls_and_closes_the_stream() {
     let Kind::QuotaAssignmentAction(a) = first else {
         panic!()
     };
-    assert_eq!(a.assignment_time_to_live.unwrap().seconds, 20);
+    assert_eq!(a.assignment_time_to_live.unwrap().seconds, 10);
     let stop = tokio::spawn(sluice.stop());
     let last = stream.next().await;
     let Some(Kind::QuotaAssignmentAction(a)) = &last.bucket_action[0].bucket_action else {

@@ -14,7 +14,7 @@ use crate::rlqs::RlqsOptions;
 pub struct RlqsArgs {
     /// How long an RLQS assignment holds in Envoy without being renewed (it is renewed with
     /// half of it left); whole seconds, at least 2, as Envoy 1.40 drops fractions
-    #[arg(long, env = "RLQS_ASSIGNMENT_TTL", default_value = "20s", value_parser = parse_ttl)]
+    #[arg(long, env = "RLQS_ASSIGNMENT_TTL", default_value = "10s", value_parser = parse_ttl)]
     rlqs_assignment_ttl: Duration,
 
     /// A bucket without requests for this many report intervals (5 s each in Envoy 1.40) is
