@@ -19,7 +19,7 @@ use super::outbox::{Action, Assigned, Outbox};
 use super::share::Share;
 
 /// What an operator sets for the RLQS face.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RlqsOptions {
     /// The TTL of every assignment, whole seconds (Envoy 1.40 drops fractions); renewed
     /// when half of it is left.
@@ -34,6 +34,8 @@ pub struct RlqsOptions {
     pub max_streams: usize,
     /// This process among the instances sharing a store (claims are per process).
     pub instance: String,
+    /// Reports a stream may send per second (and at once); more are dropped and counted.
+    pub reports_per_second: f64,
 }
 
 impl Default for RlqsOptions {
@@ -45,12 +47,13 @@ impl Default for RlqsOptions {
             max_buckets: 100_000,
             max_streams: 1_000,
             instance: format!("sluice-{}", std::process::id()),
+            reports_per_second: REPORTS_PER_SECOND,
         }
     }
 }
 
-/// Reports a stream may send per second (and at once); more are dropped and counted.
-const REPORTS_PER_SECOND: f64 = 100.0;
+/// Reports a stream may send per second (and at once) by default.
+pub const REPORTS_PER_SECOND: f64 = 100.0;
 
 /// How often each budget's claim is renewed, which is also how soon an instance learns of
 /// the others' demand (one store call per budget each time).
@@ -168,7 +171,7 @@ impl Quotas {
             StreamState {
                 outbox: outbox.clone(),
                 buckets: HashMap::new(),
-                reports: (REPORTS_PER_SECOND, self.now()),
+                reports: (self.options.reports_per_second, self.now()),
             },
         );
         if let Some(m) = &self.metrics {
@@ -230,7 +233,8 @@ impl Quotas {
             return Vec::new();
         };
         let (tokens, at) = s.reports;
-        let tokens = (tokens + (now - at) * REPORTS_PER_SECOND).min(REPORTS_PER_SECOND);
+        let per_second = self.options.reports_per_second;
+        let tokens = (tokens + (now - at) * per_second).min(per_second);
         if tokens < 1.0 {
             s.reports = (tokens, now);
             if let Some(m) = &self.metrics {

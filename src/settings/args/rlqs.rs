@@ -66,6 +66,7 @@ impl RlqsArgs {
             max_buckets: self.rlqs_max_buckets.get(),
             max_streams: self.rlqs_max_streams.get(),
             instance: format!("{instance}-{nonce:08x}"),
+            ..RlqsOptions::default()
         }
     }
 }
