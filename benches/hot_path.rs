@@ -256,6 +256,7 @@ fn rlqs(c: &mut Criterion) {
                 bucket: BucketKey::new(id),
                 allowed,
                 denied: 0,
+                first_sight: false,
             })
             .collect::<Vec<_>>()
     };

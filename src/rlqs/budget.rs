@@ -57,6 +57,9 @@ pub struct Holding {
     /// Requests per window (allowed + denied), smoothed; `None` before the first report.
     demand: Option<f64>,
     last_report: Option<f64>,
+    /// Its first report was not a first sight of the bucket (`time_elapsed` > 0): an Envoy
+    /// that had the bucket before, reconnected on a new stream.
+    reconnected: bool,
 }
 
 /// What changed in one [`BudgetState::step`]: the shares to send, per stream.
@@ -158,8 +161,21 @@ impl BudgetState {
     }
 
     /// `stream` reports for this budget (a new one is added): `allowed` and `denied` since
-    /// its last report, received at `now`.
+    /// its last report, received at `now`; `first_sight`: Envoy's immediate report of a
+    /// bucket it has just seen (`time_elapsed` 0), not a report after a reconnect.
     pub fn report(&mut self, stream: StreamId, allowed: u64, denied: u64, now: f64) {
+        self.report_seen(stream, allowed, denied, now, true);
+    }
+
+    /// [`BudgetState::report`], saying whether it is the Envoy's first sight of the bucket.
+    pub fn report_seen(
+        &mut self,
+        stream: StreamId,
+        allowed: u64,
+        denied: u64,
+        now: f64,
+        first_sight: bool,
+    ) {
         let window = self.budget.window as f64;
         let h = self.holdings.entry(stream).or_insert_with(|| Holding {
             sent: None,
@@ -170,6 +186,7 @@ impl BudgetState {
             discount: 0.0,
             demand: None,
             last_report: None,
+            reconnected: !first_sight,
         });
         let requests = allowed as f64 + denied as f64;
         let rate = match h.last_report {
@@ -312,10 +329,10 @@ impl BudgetState {
             }
             if up.is_empty() {
                 // Nothing to give yet. A newcomer is answered DENY_ALL until shares free up;
-                // but while a closed stream's shares are still counted, the new stream is
-                // likely the same Envoy reconnected, which still enforces what it holds:
-                // it is left to that (or to its no_assignment_behavior) until they expire.
-                if h.sent.is_none() && self.ghosts.is_empty() {
+                // but an Envoy that reconnected while a closed stream's shares are still
+                // counted (likely its own) still enforces what it holds: it is left to that
+                // until they expire.
+                if h.sent.is_none() && (!h.reconnected || self.ghosts.is_empty()) {
                     h.sent = Some(up);
                     changes.push((stream, up));
                 }

@@ -93,6 +93,9 @@ impl RateLimitQuotaService for RlqsService {
                             .map_or(Err(bucket::Rejected::Empty), |b| BucketKey::new(&b.bucket)),
                         allowed: u.num_requests_allowed,
                         denied: u.num_requests_denied,
+                        first_sight: u
+                            .time_elapsed
+                            .is_none_or(|t| t.seconds <= 0 && t.nanos <= 0),
                     })
                     .collect();
                 quotas.report(id, &reports.domain, usages).await;

@@ -307,7 +307,13 @@ impl Quotas {
                     claimed: false,
                     claim_due: now,
                 });
-                entry.state.report(stream, usage.allowed, usage.denied, now);
+                entry.state.report_seen(
+                    stream,
+                    usage.allowed,
+                    usage.denied,
+                    now,
+                    usage.first_sight,
+                );
                 if entry.shadow {
                     let over = entry.state.shadow_admitted(usage.allowed, now);
                     if let (Some(m), true) = (&self.metrics, over > 0) {
@@ -693,6 +699,9 @@ pub struct Usage {
     pub allowed: u64,
     /// Requests denied since the last report.
     pub denied: u64,
+    /// `time_elapsed` is 0 (or unset): Envoy's immediate report of a bucket it has just seen,
+    /// where a report after a reconnect says 1 s or more.
+    pub first_sight: bool,
 }
 
 /// A bucket's key on a stream, and its budget's when it is divided: the domain and the

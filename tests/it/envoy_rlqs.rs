@@ -117,3 +117,13 @@ async fn a_reload_re_sends_the_changed_assignment() {
         assert_eq!(call(front, "carol").await, 200);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sluice_unreachable_deny_all_as_the_no_assignment_behavior_fails_closed() {
+    // The documented recommendation. (A token_bucket there makes Envoy 1.40 crash with a
+    // segmentation fault when the RLQS server cannot be reached: measured, so not advised.)
+    let nobody = crate::common::redis::free_port();
+    let (_envoy, front) = envoy(nobody, "{blanket_rule: DENY_ALL}").await;
+    let (passed, refused) = until_refused(front, "dave", 10).await;
+    assert!(refused && passed == 0, "{passed} passed");
+}

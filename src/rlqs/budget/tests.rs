@@ -224,13 +224,16 @@ fn a_closed_streams_share_is_counted_until_its_ttl() {
         )]
     );
     state.leave(1, 20.0);
+    // A newcomer is told DENY_ALL; an Envoy that reconnected is left to what it holds.
     state.report(2, 1, 0, 1.0);
+    state.report_seen(3, 1, 0, 1.0, false);
     let changes = state.step(1.0, &|_| Some(1.0));
     assert_eq!(
         changes,
-        vec![],
-        "nothing is free before the TTL, and a likely reconnect is not sent DENY_ALL"
+        vec![(2, Share::default())],
+        "nothing is free before the TTL"
     );
+    state.leave(3, 1.0);
     let changes = state.step(21.0, &|_| Some(21.0));
     assert_eq!(changes.len(), 1);
     assert!(changes[0].1.rate > 0, "{changes:?}");
