@@ -372,3 +372,28 @@ fn the_reference_key_layout_needs_redis() {
     let bad = settings(&["--redis-key-format", "go"]).unwrap_err();
     assert!(bad.contains("sluice") && bad.contains("reference"), "{bad}");
 }
+
+#[test]
+fn rlqs_ttls_are_whole_seconds_of_at_least_two_and_every_process_claims_apart() {
+    let s = settings(&["--rlqs-assignment-ttl", "30s", "--rlqs-max-streams", "5"]).unwrap();
+    assert_eq!(s.rlqs.assignment_ttl, Duration::from_secs(30));
+    assert_eq!(s.rlqs.max_streams, 5);
+    let fraction = settings(&["--rlqs-assignment-ttl", "2500ms"]).unwrap_err();
+    assert!(
+        fraction.contains("--rlqs-assignment-ttl") && fraction.contains("whole seconds"),
+        "{fraction}"
+    );
+    let short = settings(&["--rlqs-assignment-ttl", "1s"]).unwrap_err();
+    assert!(short.contains("at least 2s"), "{short}");
+    let zero = settings(&["--rlqs-max-buckets", "0"]).unwrap_err();
+    assert!(zero.contains("--rlqs-max-buckets"), "{zero}");
+    // Claims are per process: the instance's name and a nonce, so that a restarted process
+    // with the same name (a pod's) never takes over the claims of the one before.
+    let s = settings(&["--lease-instance-id", "pod-1"]).unwrap();
+    let nonce = s
+        .rlqs
+        .instance
+        .strip_prefix("pod-1-")
+        .expect("the name first");
+    assert_eq!(nonce.len(), 8, "{}", s.rlqs.instance);
+}
