@@ -29,12 +29,23 @@ use proto::step::Kind;
 pub struct AdminService {
     limiter: Arc<Limiter>,
     access: Arc<ResetAccess>,
+    quotas: Option<Arc<crate::rlqs::Quotas>>,
 }
 
 impl AdminService {
     /// The service over `limiter`, resetting only for callers `access` admits.
     pub fn new(limiter: Arc<Limiter>, access: Arc<ResetAccess>) -> Self {
-        Self { limiter, access }
+        Self {
+            limiter,
+            access,
+            quotas: None,
+        }
+    }
+
+    /// Explains RLQS buckets from `quotas`.
+    pub fn with_quotas(mut self, quotas: Arc<crate::rlqs::Quotas>) -> Self {
+        self.quotas = Some(quotas);
+        self
     }
 
     /// The tonic server of this service.
@@ -74,6 +85,21 @@ impl Admin for AdminService {
             &states,
             self.limiter.store().status().kind,
         )))
+    }
+
+    async fn explain_bucket(
+        &self,
+        request: Request<proto::BucketRequest>,
+    ) -> Result<Response<proto::BucketExplanation>, Status> {
+        let request = request.into_inner();
+        let quotas = self
+            .quotas
+            .as_ref()
+            .ok_or_else(|| Status::unimplemented("this server has no RLQS face"))?;
+        let key = crate::rlqs::BucketKey::new(&request.bucket)
+            .map_err(|reason| Status::invalid_argument(format!("bucket id: {}", reason.label())))?;
+        let view = quotas.explain(&request.domain, &key);
+        Ok(Response::new(bucket_to_proto(request.domain, &view)))
     }
 
     async fn reset_counters(
@@ -270,4 +296,59 @@ fn limit_to_proto(l: &ExplainedLimit) -> proto::Limit {
         store_key: l.store_key.clone(),
         overdraft: l.limit.overdraft,
     }
+}
+
+/// An RLQS bucket's explanation in the admin API's terms.
+pub fn bucket_to_proto(domain: String, view: &crate::rlqs::BucketView) -> proto::BucketExplanation {
+    use crate::rlqs::Quota;
+    let (assignment, budget, shadow) = match &view.quota {
+        Quota::AllowAll { .. } => ("allow_all", None, false),
+        Quota::DenyAll { .. } => ("deny_all", None, false),
+        Quota::Divided {
+            shadow: true,
+            budget,
+            ..
+        } => ("allow_all", Some(*budget), true),
+        Quota::Divided { budget, .. } => ("token_bucket", Some(*budget), false),
+    };
+    let mut answer = proto::BucketExplanation {
+        domain,
+        descriptor: view
+            .order
+            .iter()
+            .map(|(key, value)| proto::rate_limit_descriptor::Entry {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        rule: view.quota.rule().unwrap_or_default().to_owned(),
+        assignment: assignment.to_owned(),
+        shadow_mode: shadow,
+        tracked: view.tracked,
+        ..Default::default()
+    };
+    if let Some(b) = budget {
+        answer.rate = b.rate;
+        answer.window_seconds = b.window;
+        answer.burst = b.burst;
+    }
+    if let Some(b) = &view.budget {
+        answer.claim = b.claim.rate;
+        answer.held = b.held.rate;
+        answer.demand = b.demand;
+        answer.shares = b
+            .shares
+            .iter()
+            .map(|(stream, share, demand)| {
+                let share = share.unwrap_or_default();
+                proto::StreamShare {
+                    stream: *stream,
+                    rate: share.rate,
+                    burst: share.burst,
+                    demand: *demand,
+                }
+            })
+            .collect();
+    }
+    answer
 }

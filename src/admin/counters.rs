@@ -41,7 +41,11 @@ pub(super) async fn explain(State(state): State<AdminState>, body: Bytes) -> Res
 }
 
 pub(super) async fn get(State(state): State<AdminState>, RawQuery(query): RawQuery) -> Response {
-    let (domain, descriptor) = match parse_query(query.as_deref().unwrap_or("")) {
+    let query = query.unwrap_or_default();
+    if query.split('&').any(|p| p.starts_with("bucket=")) {
+        return bucket(&state, &query);
+    }
+    let (domain, descriptor) = match parse_query(&query) {
         Ok(parsed) => parsed,
         Err(e) => return bad_request(e),
     };
@@ -53,6 +57,78 @@ pub(super) async fn get(State(state): State<AdminState>, RawQuery(query): RawQue
         }
         Err(e) => error_response(e),
     }
+}
+
+/// `GET /counters?domain=D&bucket=K=V,K2=V2`: what an RLQS bucket gets (its pairs unordered,
+/// as Envoy sends them).
+fn bucket(state: &AdminState, query: &str) -> Response {
+    let Some(quotas) = &state.rlqs else {
+        return bad_request("this server has no RLQS face".into());
+    };
+    let mut domain = None;
+    let mut pairs = std::collections::HashMap::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = match percent_decode(value) {
+            Ok(value) => value,
+            Err(e) => return bad_request(e),
+        };
+        match name {
+            "domain" => domain = Some(value),
+            "bucket" => {
+                for part in value.split(',') {
+                    let Some((key, value)) = part.split_once('=') else {
+                        return bad_request(format!("bucket pair `{part}` is not KEY=VALUE"));
+                    };
+                    if pairs.len() == crate::rlqs::MAX_PAIRS {
+                        return bad_request(format!(
+                            "more than {} bucket pairs",
+                            crate::rlqs::MAX_PAIRS
+                        ));
+                    }
+                    pairs.insert(key.to_owned(), value.to_owned());
+                }
+            }
+            other => {
+                return bad_request(format!(
+                    "unknown query parameter `{other}` (expected domain and bucket)"
+                ));
+            }
+        }
+    }
+    let Some(domain) = domain else {
+        return bad_request("the query must name a domain: ?domain=D&bucket=KEY=VALUE".into());
+    };
+    let key = match crate::rlqs::BucketKey::new(&pairs) {
+        Ok(key) => key,
+        Err(reason) => return bad_request(format!("bucket id: {}", reason.label())),
+    };
+    let view = quotas.explain(&domain, &key);
+    axum::Json(bucket_json(&api::bucket_to_proto(domain, &view))).into_response()
+}
+
+/// An RLQS bucket's explanation in proto3 JSON.
+pub fn bucket_json(answer: &proto::BucketExplanation) -> Value {
+    json!({
+        "domain": answer.domain,
+        "descriptor": answer.descriptor.iter().map(|e| json!({"key": e.key, "value": e.value})).collect::<Vec<_>>(),
+        "rule": answer.rule,
+        "assignment": answer.assignment,
+        "rate": answer.rate.to_string(),
+        "windowSeconds": answer.window_seconds.to_string(),
+        "burst": answer.burst.to_string(),
+        "shadowMode": answer.shadow_mode,
+        "tracked": answer.tracked,
+        "claim": answer.claim.to_string(),
+        "held": answer.held.to_string(),
+        "demand": answer.demand,
+        "shares": answer.shares.iter().map(|s| json!({
+            "stream": s.stream.to_string(),
+            "rate": s.rate.to_string(),
+            "burst": s.burst.to_string(),
+            "demand": s.demand,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 pub(super) async fn delete(

@@ -406,9 +406,11 @@ impl Prepared {
             ))
             .add_service(health_service)
             .add_service(rls.into_server())
-            .add_service(RlqsService::new(quotas).into_server())
+            .add_service(RlqsService::new(quotas.clone()).into_server())
             .add_service(
-                admin::AdminService::new(self.limiter.clone(), self.reset.clone()).into_server(),
+                admin::AdminService::new(self.limiter.clone(), self.reset.clone())
+                    .with_quotas(quotas.clone())
+                    .into_server(),
             );
         let stop = drain.clone().cancelled_owned();
         let limits = self.settings.grpc_connections;

@@ -4,7 +4,7 @@
 
 mod matcher;
 mod metadata;
-pub use matcher::{EntryRef, StepKind, TraceEnd};
+pub use matcher::{EntryRef, StepKind, TraceEnd, UNORDERED_STEPS};
 pub use metadata::{MetaValue, merge_into};
 mod pattern;
 mod unit;

@@ -155,6 +155,17 @@ impl BudgetState {
         self.holdings.values().filter_map(|h| h.demand).sum()
     }
 
+    /// Each stream's last share (`None` before its first) and demand, by stream.
+    pub fn shares(&self) -> Vec<(StreamId, Option<Share>, f64)> {
+        let mut all: Vec<_> = self
+            .holdings
+            .iter()
+            .map(|(s, h)| (*s, h.sent, h.demand.unwrap_or(0.0)))
+            .collect();
+        all.sort_by_key(|(s, ..)| *s);
+        all
+    }
+
     /// The share last sent to `stream`, if any.
     pub fn sent(&self, stream: StreamId) -> Option<Share> {
         self.holdings.get(&stream).and_then(|h| h.sent)

@@ -41,7 +41,9 @@ use tonic::{Request, Response, Status, Streaming};
 pub use bucket::{BucketKey, MAX_ID_BYTES, MAX_PAIRS, Quota};
 pub use metrics::RlqsMetrics;
 pub use outbox::{Action, Assigned};
-pub use quotas::{DRAIN_TTL, Quotas, REPORTS_PER_SECOND, RlqsOptions, Usage};
+pub use quotas::{
+    BucketView, BudgetView, DRAIN_TTL, Quotas, REPORTS_PER_SECOND, RlqsOptions, Usage,
+};
 pub use share::{Budget, Share, divide};
 
 /// Largest report message taken, in bytes: 10,000 buckets of a kilobyte and a little more.

@@ -654,6 +654,49 @@ impl Quotas {
         }
     }
 
+    /// What the bucket `key` of `domain` gets: its rule and order, and what this instance
+    /// knows of its budget.
+    pub fn explain(&self, domain: &str, key: &BucketKey) -> BucketView {
+        let policy = self.limiter.policy();
+        let pairs: Vec<(&str, &str)> = key
+            .pairs()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let order = policy
+            .domain(domain)
+            .and_then(|d| d.find_unordered(&pairs))
+            .map(|(order, _)| {
+                order
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let quota = Quota::of(&policy, domain, key, self.limiter.options().shadow_mode);
+        let state = self.state.lock();
+        let budget = state
+            .budgets
+            .get(&bucket_key(domain, key))
+            .map(|e| BudgetView {
+                claim: e.state.claim(),
+                held: e.state.held(),
+                demand: e.state.demand(),
+                shares: e.state.shares(),
+            });
+        let tracked = budget.is_some()
+            || state
+                .streams
+                .values()
+                .any(|s| s.buckets.contains_key(&bucket_key(domain, key)));
+        BucketView {
+            order,
+            quota,
+            tracked,
+            budget,
+        }
+    }
+
     /// One line per budget for `/rlconfig`: rule, bucket, budget, this instance's claim,
     /// what it hands out, the demand and the streams.
     pub fn dump(&self) -> String {
@@ -689,6 +732,32 @@ impl Quotas {
         }
         out
     }
+}
+
+/// What [`Quotas::explain`] answers.
+#[derive(Debug, Clone)]
+pub struct BucketView {
+    /// The pairs in the descriptor tree's order (empty: no rule).
+    pub order: Vec<(String, String)>,
+    /// What the bucket gets.
+    pub quota: Quota,
+    /// Whether an Envoy on this instance reports it.
+    pub tracked: bool,
+    /// This instance's part of its budget, for a divided quota.
+    pub budget: Option<BudgetView>,
+}
+
+/// This instance's part of a budget.
+#[derive(Debug, Clone)]
+pub struct BudgetView {
+    /// Its claim (the whole budget alone).
+    pub claim: Share,
+    /// What its Envoys hold, closed streams' shares included.
+    pub held: Share,
+    /// Their demand, requests per window.
+    pub demand: f64,
+    /// Each stream's last share (`None` before its first) and demand.
+    pub shares: Vec<(StreamId, Option<Share>, f64)>,
 }
 
 /// One bucket of a report, checked.

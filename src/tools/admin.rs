@@ -35,8 +35,16 @@ pub struct ExplainArgs {
     #[command(flatten)]
     pub target: Target,
     /// A descriptor as key=value[,key2=value2]; repeat for several
-    #[arg(long = "descriptor", required = true, value_name = "K=V[,K2=V2]")]
+    #[arg(
+        long = "descriptor",
+        required_unless_present = "bucket",
+        value_name = "K=V[,K2=V2]"
+    )]
     pub descriptors: Vec<String>,
+    /// Instead: an RLQS bucket id (Envoy's rate_limit_quota filter) as key=value[,key2=value2],
+    /// in any order: its rule, its assignment, and this instance's part of the budget
+    #[arg(long, conflicts_with = "descriptors", value_name = "K=V[,K2=V2]")]
+    pub bucket: Option<String>,
 }
 
 /// `sluice counters` arguments.
@@ -106,8 +114,11 @@ fn print(text: &str) {
     let _ = write!(std::io::stdout(), "{text}");
 }
 
-/// Sends `Explain` and prints the answer.
+/// Sends `Explain` (or `ExplainBucket`) and prints the answer.
 pub async fn explain(args: ExplainArgs) -> Result<(), ToolError> {
+    if let Some(bucket) = &args.bucket {
+        return explain_bucket(&args.target, bucket).await;
+    }
     let descriptors = args
         .descriptors
         .iter()
@@ -138,6 +149,77 @@ pub async fn explain(args: ExplainArgs) -> Result<(), ToolError> {
     for (i, (e, text)) in answer.descriptors.iter().zip(&args.descriptors).enumerate() {
         out += &format!("descriptor {i} ({text}):\n");
         write_explanation(&mut out, e);
+    }
+    print(&out);
+    Ok(())
+}
+
+/// Sends `ExplainBucket` for the pairs of `bucket` and prints the answer.
+async fn explain_bucket(target: &Target, bucket: &str) -> Result<(), ToolError> {
+    let pairs = admin_descriptor(bucket)?
+        .entries
+        .into_iter()
+        .map(|e| (e.key, e.value))
+        .collect();
+    let answer = client(target)
+        .await?
+        .explain_bucket(proto::BucketRequest {
+            domain: target.domain.clone(),
+            bucket: pairs,
+        })
+        .await
+        .map_err(rpc_error)?
+        .into_inner();
+    if target.json {
+        print(&format!(
+            "{:#}\n",
+            crate::admin::counters::bucket_json(&answer)
+        ));
+        return Ok(());
+    }
+    let mut out = format!("bucket {bucket} of domain {}:\n", answer.domain);
+    if answer.rule.is_empty() {
+        out += "  no rule: ALLOW_ALL\n";
+    } else {
+        let order: Vec<String> = answer
+            .descriptor
+            .iter()
+            .map(|e| format!("{}={}", e.key, e.value))
+            .collect();
+        out += &format!(
+            "  rule {} (as the descriptor {})\n",
+            answer.rule,
+            order.join(",")
+        );
+        out += &format!("  assignment {}", answer.assignment.to_uppercase());
+        if answer.rate > 0 || answer.assignment == "token_bucket" {
+            out += &format!(
+                ": budget {} per {} s, burst {}{}",
+                answer.rate,
+                answer.window_seconds,
+                answer.burst,
+                if answer.shadow_mode {
+                    " (shadow mode)"
+                } else {
+                    ""
+                }
+            );
+        }
+        out += "\n";
+    }
+    if !answer.tracked {
+        out += "  not reported by any Envoy on this instance\n";
+    } else if answer.assignment == "token_bucket" || answer.shadow_mode {
+        out += &format!(
+            "  this instance: claim {}, held {}, demand {:.1} per window\n",
+            answer.claim, answer.held, answer.demand
+        );
+        for s in &answer.shares {
+            out += &format!(
+                "    stream {}: {} per window, capacity {}, demand {:.1}\n",
+                s.stream, s.rate, s.burst, s.demand
+            );
+        }
     }
     print(&out);
     Ok(())

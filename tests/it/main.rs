@@ -46,6 +46,7 @@ mod reference_integration;
 mod reference_limiter;
 mod reference_service;
 mod reload;
+mod rlqs_admin;
 mod rlqs_claims;
 mod rlqs_hostile;
 mod server;
