@@ -46,8 +46,9 @@ pub use quotas::{
 };
 pub use share::{Budget, Share, divide};
 
-/// Largest report message taken, in bytes: 10,000 buckets of a kilobyte and a little more.
-pub const MAX_REPORT_BYTES: usize = 12 * 1024 * 1024;
+/// Largest report message taken, in bytes: gRPC's usual 4 MiB, which holds the 10,000 buckets
+/// a stream may have at up to 400 bytes each (Envoy's ids of a few pairs take 50 or so).
+pub const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
 
 /// The gRPC service over [`Quotas`].
 #[derive(Clone)]

@@ -260,3 +260,22 @@ async fn the_drain_sends_short_ttls_and_closes_the_stream() {
     assert!(matches!(end, Ok(None)), "{end:?}");
     stop.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn open_streams_take_no_turn_from_rate_limit_requests() {
+    // Two requests in flight at most: three RLQS streams stay open, and requests still pass.
+    let sluice = TestServer::start_with(server(|s| s.grpc_max_in_flight = 2)).await;
+    let mut streams = Vec::new();
+    for i in 0..3 {
+        let mut stream = Stream::open(sluice.grpc_addr).await.unwrap();
+        stream
+            .report("rq", vec![usage(&[("name", &format!("s{i}"))], 1, 0)])
+            .await;
+        actions(&mut stream, 1).await;
+        streams.push(stream);
+    }
+    let d = tokio::time::timeout(Duration::from_secs(5), sluice.domain("rq").hit("name=x"))
+        .await
+        .expect("answered while the streams are open");
+    assert!(d.is_ok());
+}
