@@ -158,3 +158,43 @@ async fn mutual_tls_with_a_san_admits_only_certificates_for_that_name() {
         "a certificate for another name"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rlqs_streams_take_the_same_mutual_tls() {
+    let certs = temp_dir("rlqs-mtls-certs");
+    crate::common::certs::make(&certs);
+    let server = tls_server(&certs, true).await;
+    let channel = |identity: bool| {
+        let mut tls = ClientTlsConfig::new()
+            .domain_name("localhost")
+            .ca_certificate(Certificate::from_pem(
+                std::fs::read(certs.join("ca.crt")).unwrap(),
+            ));
+        if identity {
+            tls = tls.identity(Identity::from_pem(
+                std::fs::read(certs.join("client.crt")).unwrap(),
+                std::fs::read(certs.join("client.key")).unwrap(),
+            ));
+        }
+        Endpoint::from_shared(format!("https://localhost:{}", server.grpc_addr.port()))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+    };
+    // Without a client certificate: the handshake or the stream fails (under TLS 1.3 the
+    // server's refusal arrives after the client's side of the handshake is done).
+    let refused = match channel(false).connect().await {
+        Err(_) => true,
+        Ok(c) => crate::common::rlqs::Stream::over(c).await.is_err(),
+    };
+    assert!(refused, "no client certificate");
+    let mut stream = crate::common::rlqs::Stream::over(channel(true).connect().await.unwrap())
+        .await
+        .unwrap();
+    stream
+        .report("t", vec![crate::common::rlqs::usage(&[("k", "v")], 1, 0)])
+        .await;
+    let answer = stream.next().await;
+    assert_eq!(answer.bucket_action.len(), 1, "{answer:?}");
+}

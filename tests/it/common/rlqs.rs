@@ -158,10 +158,18 @@ pub struct Stream {
 impl Stream {
     /// Opens a stream to Sluice at `addr`.
     pub async fn open(addr: std::net::SocketAddr) -> Result<Self, tonic::Status> {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
-            .await
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
-            .max_decoding_message_size(64 * 1024 * 1024);
+            .connect()
+            .await
+            .unwrap();
+        Self::over(channel).await
+    }
+
+    /// Opens a stream over `channel` (e.g. one over TLS).
+    pub async fn over(channel: tonic::transport::Channel) -> Result<Self, tonic::Status> {
+        let mut client =
+            RateLimitQuotaServiceClient::new(channel).max_decoding_message_size(64 * 1024 * 1024);
         let (send, receive) = mpsc::channel(16);
         let answers = client
             .stream_rate_limit_quotas(ReceiverStream::new(receive))
