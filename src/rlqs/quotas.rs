@@ -13,10 +13,15 @@ use crate::policy::Policy;
 use crate::store::{ClaimAsk, ClaimGrant};
 
 use super::bucket::{BucketKey, Quota, Rejected};
-use super::budget::{BudgetState, REPORT_INTERVAL, SETTLE, StreamId};
+use super::budget::{BudgetState, StreamId};
 use super::metrics::RlqsMetrics;
 use super::outbox::{Action, Assigned, Outbox};
 use super::share::Share;
+
+mod lifecycle;
+mod view;
+
+pub use view::{BucketView, BudgetView};
 
 /// What an operator sets for the RLQS face.
 #[derive(Debug, Clone, PartialEq)]
@@ -478,170 +483,6 @@ impl Quotas {
         self.observe(&state);
     }
 
-    /// Re-sends assignments with half their TTL left; abandons idle buckets.
-    fn renew_and_abandon(&self, state: &mut State, now: f64) {
-        let ttl = self.ttl();
-        let idle_for = f64::from(self.options.abandon_after_reports) * REPORT_INTERVAL;
-        let State {
-            streams,
-            budgets,
-            buckets,
-            ..
-        } = state;
-        for (&stream, s) in streams.iter_mut() {
-            let mut abandoned = Vec::new();
-            for (id, tracked) in &mut s.buckets {
-                if now - tracked.active_at >= idle_for {
-                    abandoned.push(id.clone());
-                    continue;
-                }
-                if let Some(assigned) = tracked.assigned
-                    && tracked.ttl_until - now < ttl as f64 / 2.0
-                {
-                    tracked.ttl_until = now + ttl as f64;
-                    s.outbox
-                        .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
-                    self.count_assignment(assigned);
-                }
-            }
-            for id in abandoned {
-                let tracked = s.buckets.remove(&id).expect("listed");
-                *buckets -= 1;
-                if tracked.divided {
-                    // Envoy forgets the bucket when the action arrives.
-                    leave(budgets, &id, stream, now + 2.0 * SETTLE);
-                }
-                s.outbox.push(tracked.bucket, Action::Abandon);
-                if let Some(m) = &self.metrics {
-                    m.abandoned.inc();
-                }
-            }
-        }
-    }
-
-    /// A reload: every bucket's quota again; changed ones are re-sent.
-    fn follow_policy(&self, state: &mut State, now: f64) {
-        let policy = self.limiter.policy();
-        if Arc::ptr_eq(&policy, &state.policy) {
-            return;
-        }
-        state.policy = policy.clone();
-        let shadow = self.limiter.options().shadow_mode;
-        let ttl = self.ttl();
-        let State {
-            streams, budgets, ..
-        } = state;
-        for (&stream, s) in streams.iter_mut() {
-            for (id, tracked) in &mut s.buckets {
-                let quota = Quota::of(&policy, &tracked.domain, &tracked.bucket, shadow);
-                if quota == tracked.quota {
-                    continue;
-                }
-                let divided = matches!(quota, Quota::Divided { .. });
-                if tracked.divided {
-                    if divided {
-                        if let (
-                            Some(entry),
-                            Quota::Divided {
-                                budget: b,
-                                rule,
-                                shadow,
-                            },
-                        ) = (budgets.get_mut(id), &quota)
-                        {
-                            let claim = entry.state.claim().min(b.share_of(b.rate));
-                            entry.state.set_claim(b.share_of(claim.rate), *b);
-                            entry.rule = rule.clone();
-                            entry.shadow = *shadow;
-                            entry.claim_due = now;
-                        }
-                    } else {
-                        leave(budgets, id, stream, tracked.ttl_until.max(now));
-                    }
-                }
-                if let Quota::Divided {
-                    budget: b,
-                    rule,
-                    shadow,
-                } = &quota
-                {
-                    let entry = budgets.entry(id.clone()).or_insert_with(|| Entry {
-                        state: BudgetState::new(*b, Share::default(), now, false),
-                        domain: tracked.domain.clone(),
-                        rule: rule.clone(),
-                        shadow: *shadow,
-                        claimed: false,
-                        claim_due: now,
-                    });
-                    entry.state.report(stream, 0, 0, now);
-                }
-                let assigned = match &quota {
-                    Quota::AllowAll { .. } | Quota::Divided { shadow: true, .. } => {
-                        Some(Assigned::AllowAll)
-                    }
-                    Quota::DenyAll { .. } => Some(Assigned::DenyAll),
-                    Quota::Divided { .. } => None,
-                };
-                if let Some(assigned) = assigned {
-                    tracked.assigned = Some(assigned);
-                    tracked.ttl_until = now + ttl as f64;
-                    s.outbox
-                        .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
-                    self.count_assignment(assigned);
-                }
-                tracked.quota = quota;
-                tracked.divided = divided;
-            }
-        }
-    }
-
-    /// Short TTLs on every stream, then the streams close and the claims end soon after.
-    pub async fn drain(&self) {
-        let ttl = DRAIN_TTL.as_secs();
-        let asks: Vec<ClaimAsk> = {
-            let mut state = self.state.lock();
-            state.draining = true;
-            for s in state.streams.values() {
-                for tracked in s.buckets.values() {
-                    if let Some(assigned) = tracked.assigned {
-                        s.outbox
-                            .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
-                    }
-                }
-                s.outbox.close();
-            }
-            state
-                .budgets
-                .iter()
-                .filter(|(_, e)| e.claimed && !e.shadow)
-                .map(|(k, e)| ClaimAsk {
-                    ttl: DRAIN_TTL + Duration::from_secs(1),
-                    ..self.ask(k, e)
-                })
-                .collect()
-        };
-        let _ = self.claims(&asks).await;
-    }
-
-    fn observe(&self, state: &State) {
-        let Some(m) = &self.metrics else { return };
-        m.demand.reset();
-        m.granted.reset();
-        for entry in state.budgets.values() {
-            let labels = [entry.domain.as_str(), entry.rule.as_str()];
-            let window = entry.state.budget.window as f64;
-            m.demand
-                .with_label_values(&labels)
-                .add(entry.state.demand() / window);
-            if !entry.shadow {
-                m.granted
-                    .with_label_values(&labels)
-                    .add(entry.state.held().rate as f64 / window);
-            }
-        }
-        m.buckets.set(state.buckets as i64);
-    }
-
     fn rejected(&self, reason: &str) {
         if let Some(m) = &self.metrics {
             m.rejected.with_label_values(&[reason]).inc();
@@ -653,111 +494,6 @@ impl Quotas {
             m.assignments.with_label_values(&[assigned.label()]).inc();
         }
     }
-
-    /// What the bucket `key` of `domain` gets: its rule and order, and what this instance
-    /// knows of its budget.
-    pub fn explain(&self, domain: &str, key: &BucketKey) -> BucketView {
-        let policy = self.limiter.policy();
-        let pairs: Vec<(&str, &str)> = key
-            .pairs()
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let order = policy
-            .domain(domain)
-            .and_then(|d| d.find_unordered(&pairs))
-            .map(|(order, _)| {
-                order
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let quota = Quota::of(&policy, domain, key, self.limiter.options().shadow_mode);
-        let state = self.state.lock();
-        let budget = state
-            .budgets
-            .get(&bucket_key(domain, key))
-            .map(|e| BudgetView {
-                claim: e.state.claim(),
-                held: e.state.held(),
-                demand: e.state.demand(),
-                shares: e.state.shares(),
-            });
-        let tracked = budget.is_some()
-            || state
-                .streams
-                .values()
-                .any(|s| s.buckets.contains_key(&bucket_key(domain, key)));
-        BucketView {
-            order,
-            quota,
-            tracked,
-            budget,
-        }
-    }
-
-    /// One line per budget for `/rlconfig`: rule, bucket, budget, this instance's claim,
-    /// what it hands out, the demand and the streams.
-    pub fn dump(&self) -> String {
-        use std::fmt::Write as _;
-        let state = self.state.lock();
-        let mut lines: Vec<String> = state
-            .budgets
-            .iter()
-            .map(|(key, e)| {
-                let b = e.state.budget;
-                let mut line = String::new();
-                let _ = write!(
-                    line,
-                    "rlqs {}: bucket {} budget {} per {} s burst {}{}: claim {} held {} demand {:.1} streams {}",
-                    e.rule,
-                    key.split_once('\n').map_or(key.as_str(), |(_, b)| b),
-                    b.rate,
-                    b.window,
-                    b.burst,
-                    if e.shadow { " (shadow)" } else { "" },
-                    e.state.claim().rate,
-                    e.state.held().rate,
-                    e.state.demand(),
-                    e.state.streams(),
-                );
-                line
-            })
-            .collect();
-        lines.sort();
-        let mut out = lines.join("\n");
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        out
-    }
-}
-
-/// What [`Quotas::explain`] answers.
-#[derive(Debug, Clone)]
-pub struct BucketView {
-    /// The pairs in the descriptor tree's order (empty: no rule).
-    pub order: Vec<(String, String)>,
-    /// What the bucket gets.
-    pub quota: Quota,
-    /// Whether an Envoy on this instance reports it.
-    pub tracked: bool,
-    /// This instance's part of its budget, for a divided quota.
-    pub budget: Option<BudgetView>,
-}
-
-/// This instance's part of a budget.
-#[derive(Debug, Clone)]
-pub struct BudgetView {
-    /// Its claim (the whole budget alone).
-    pub claim: Share,
-    /// What its Envoys hold, closed streams' shares included.
-    pub held: Share,
-    /// Their demand, requests per window.
-    pub demand: f64,
-    /// Each stream's last share (`None` before its first) and demand.
-    pub shares: Vec<(StreamId, Option<Share>, f64)>,
 }
 
 /// One bucket of a report, checked.
