@@ -1,7 +1,7 @@
 //! Envoy 1.40's `rate_limit_quota` filter against Sluice: the rule's token bucket enforced
 //! by Envoy itself, DENY_ALL and unlimited rules, a reload that changes a limit.
 
-use crate::common::rlqs::{call, envoy};
+use crate::common::rlqs::{KeepAlive, call, envoy};
 use crate::common::{TestServer, config_dir, eventually, http_get, metric, replace_file};
 use sluice::settings::Settings;
 
@@ -21,8 +21,9 @@ descriptors:
 /// Requests in `bucket` one after another until one is refused (at most `most`): how many
 /// passed, and whether one was refused.
 async fn until_refused(front: u16, bucket: &str, most: usize) -> (usize, bool) {
+    let mut client = KeepAlive::connect(front).await;
     for passed in 0..most {
-        match call(front, bucket).await {
+        match client.call(bucket).await {
             200 => {}
             429 => return (passed, true),
             other => panic!("status {other}"),
@@ -84,8 +85,9 @@ async fn a_limit_of_zero_is_deny_all_and_unlimited_is_allow_all() {
         assignments(&sluice, "allow_all").await >= 1
     })
     .await;
+    let mut client = KeepAlive::connect(front).await;
     for _ in 0..30 {
-        assert_eq!(call(front, "open").await, 200);
+        assert_eq!(client.call("open").await, 200);
     }
 }
 
@@ -113,8 +115,9 @@ async fn a_reload_re_sends_the_changed_assignment() {
         call(front, "carol").await == 200
     })
     .await;
+    let mut client = KeepAlive::connect(front).await;
     for _ in 0..20 {
-        assert_eq!(call(front, "carol").await, 200);
+        assert_eq!(client.call("carol").await, 200);
     }
 }
 
@@ -126,4 +129,32 @@ async fn with_sluice_unreachable_deny_all_as_the_no_assignment_behavior_fails_cl
     let (_envoy, front) = envoy(nobody, "{blanket_rule: DENY_ALL}").await;
     let (passed, refused) = until_refused(front, "dave", 10).await;
     assert!(refused && passed == 0, "{passed} passed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_lowers_a_limit_lowers_envoys_bucket() {
+    let generous = RULES.replace("requests_per_unit: 3", "requests_per_unit: 1000");
+    let dir = config_dir("rlqs-lower", &[("rq.yaml", &generous)]);
+    let sluice = TestServer::start_with(Settings::for_tests(&dir)).await;
+    let (_envoy, front) = envoy(sluice.grpc_addr.port(), "{blanket_rule: ALLOW_ALL}").await;
+    call(front, "erin").await;
+    eventually("a token bucket is assigned", || async {
+        assignments(&sluice, "token_bucket").await >= 1
+    })
+    .await;
+    let (passed, refused) = until_refused(front, "erin", 20).await;
+    assert!(!refused && passed == 20, "1000 a minute: {passed} passed");
+    // 2 a minute now: Envoy's bucket is replaced by one of capacity 2 (at its fill
+    // fraction), so a few requests more and it refuses.
+    replace_file(
+        &dir,
+        "rq.yaml",
+        &RULES.replace("requests_per_unit: 3", "requests_per_unit: 2"),
+    );
+    eventually("the lower limit reaches Envoy", || async {
+        until_refused(front, "erin", 5).await.1
+    })
+    .await;
+    let (passed, refused) = until_refused(front, "erin", 20).await;
+    assert!(refused && passed <= 2, "2 a minute: {passed} passed");
 }
