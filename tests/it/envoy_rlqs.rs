@@ -158,3 +158,36 @@ async fn a_reload_that_lowers_a_limit_lowers_envoys_bucket() {
     let (passed, refused) = until_refused(front, "erin", 20).await;
     assert!(refused && passed <= 2, "2 a minute: {passed} passed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_only_the_window_reaches_envoy() {
+    // 3 a minute becomes 3 a second: the same numbers, which Envoy 1.40 would keep as they
+    // were if only fill_interval changed.
+    let dir = config_dir("rlqs-window", &[("rq.yaml", RULES)]);
+    let sluice = TestServer::start_with(Settings::for_tests(&dir)).await;
+    let (_envoy, front) = envoy(sluice.grpc_addr.port(), "{blanket_rule: ALLOW_ALL}").await;
+    call(front, "frank").await;
+    eventually("a token bucket is assigned", || async {
+        assignments(&sluice, "token_bucket").await >= 1
+    })
+    .await;
+    assert!(until_refused(front, "frank", 20).await.1);
+    replace_file(
+        &dir,
+        "rq.yaml",
+        &RULES.replace(
+            "{unit: minute, requests_per_unit: 3}",
+            "{unit: second, requests_per_unit: 3}",
+        ),
+    );
+    // At 3 a minute a token takes 20 s; at 3 a second, a third of one.
+    eventually("the second's refill reaches Envoy", || async {
+        let mut passed = 0;
+        for _ in 0..3 {
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            passed += until_refused(front, "frank", 5).await.0;
+        }
+        passed >= 2
+    })
+    .await;
+}

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DRAIN_TTL, Entry, Quotas, State, leave};
+use super::{DRAIN_TTL, Entry, Quotas, State, encodable, leave};
 use crate::rlqs::bucket::Quota;
 use crate::rlqs::budget::{BudgetState, REPORT_INTERVAL, SETTLE};
 use crate::rlqs::outbox::{Action, Assigned};
@@ -88,6 +88,19 @@ impl Quotas {
                             entry.rule = rule.clone();
                             entry.shadow = *shadow;
                             entry.claim_due = now;
+                            // A new window with the same share would be kept by Envoy 1.40
+                            // as it was: it is sent now, one token lower.
+                            if let Some(Assigned::Bucket(share, window)) = tracked.assigned
+                                && window != b.window
+                                && !*shadow
+                            {
+                                let assigned = encodable(tracked.assigned, share, b.window);
+                                tracked.assigned = Some(assigned);
+                                tracked.ttl_until = now + ttl as f64;
+                                s.outbox
+                                    .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
+                                self.count_assignment(assigned);
+                            }
                         }
                     } else {
                         leave(budgets, id, stream, tracked.ttl_until.max(now));
