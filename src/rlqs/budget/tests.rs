@@ -338,3 +338,34 @@ fn raising_a_full_bucket_is_paid_from_the_reserve() {
     let run = simulate(budget, 2, 80.0, &demand);
     assert_within_bound(budget, &run, 2);
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A demand pattern: for each Envoy, a rate per phase of 5 s (often 0, sometimes a flood).
+    fn pattern(envoys: usize) -> impl Strategy<Value = Vec<Vec<f64>>> {
+        let rate = prop_oneof![Just(0.0), 0.1f64..3.0, 3.0f64..50.0, Just(500.0)];
+        proptest::collection::vec(proptest::collection::vec(rate, 12), envoys)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Whatever the demand does, the fleet stays within burst + rate × t (and a token per
+        /// new Envoy): shares move down before up, and raises are paid from the reserve.
+        #[test]
+        fn the_fleet_stays_within_the_bound(
+            rate in 1u64..60,
+            burst in 1u64..60,
+            window in prop_oneof![Just(1u64), Just(10), Just(60)],
+            demands in (1usize..4).prop_flat_map(pattern),
+        ) {
+            let budget = Budget { rate, burst, window };
+            let envoys = demands.len();
+            let demand = |i: usize, t: f64| demands[i][((t / 5.0) as usize).min(11)];
+            let run = simulate(budget, envoys, 60.0, &demand);
+            assert_within_bound(budget, &run, envoys);
+        }
+    }
+}
