@@ -280,8 +280,12 @@ impl Prepared {
                 .with_metrics(self.metrics.rlqs()),
         );
         spawn_quota_ticks(quotas.clone(), &drain);
+        let mut rlqs = RlqsService::new(quotas.clone());
+        if let Some(traces) = &traces {
+            rlqs = rlqs.with_tracing(traces.clone());
+        }
         let (reporter, grpc) =
-            self.grpc_server(listeners.grpc, rls.clone(), quotas.clone(), &drain)?;
+            self.grpc_server(listeners.grpc, rls.clone(), (rlqs, quotas.clone()), &drain)?;
         let router = admin::router(AdminState {
             rls,
             limiter: self.limiter.clone(),
@@ -376,7 +380,7 @@ impl Prepared {
         &self,
         listener: GrpcListener,
         rls: RlsService,
-        quotas: Arc<Quotas>,
+        (rlqs, quotas): (RlqsService, Arc<Quotas>),
         drain: &CancellationToken,
     ) -> Result<(tonic_health::server::HealthReporter, ServerFuture), AppError> {
         let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -406,7 +410,7 @@ impl Prepared {
             ))
             .add_service(health_service)
             .add_service(rls.into_server())
-            .add_service(RlqsService::new(quotas.clone()).into_server())
+            .add_service(rlqs.into_server())
             .add_service(
                 admin::AdminService::new(self.limiter.clone(), self.reset.clone())
                     .with_quotas(quotas.clone())

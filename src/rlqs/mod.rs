@@ -40,11 +40,14 @@ use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
 use futures_util::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::traces::{Method, Tracing};
+
 pub use bucket::{BucketKey, MAX_ID_BYTES, MAX_PAIRS, Quota};
 pub use metrics::RlqsMetrics;
 pub use outbox::{Action, Assigned};
 pub use quotas::{
-    BucketView, BudgetView, DRAIN_TTL, Quotas, REPORTS_PER_SECOND, RlqsOptions, Usage,
+    BucketView, BudgetView, DRAIN_TTL, Quotas, REPORTS_PER_SECOND, ReportSummary, RlqsOptions,
+    Usage,
 };
 pub use share::{Budget, Share, divide};
 
@@ -56,12 +59,24 @@ pub const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Clone)]
 pub struct RlqsService {
     quotas: Arc<Quotas>,
+    /// A span per report, when tracing is on.
+    tracing: Option<Arc<Tracing>>,
 }
 
 impl RlqsService {
     /// The service answering from `quotas`.
     pub fn new(quotas: Arc<Quotas>) -> Self {
-        Self { quotas }
+        Self {
+            quotas,
+            tracing: None,
+        }
+    }
+
+    /// Traces every report (`TRACING_ENABLED`), each a child of the trace context the stream
+    /// was opened with.
+    pub fn with_tracing(mut self, tracing: Arc<Tracing>) -> Self {
+        self.tracing = Some(tracing);
+        self
     }
 
     /// The tonic server wrapping this service.
@@ -82,8 +97,10 @@ impl RateLimitQuotaService for RlqsService {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
         let (id, outbox) = self.quotas.open()?;
+        let headers = request.metadata().clone().into_headers();
         let mut inbound = request.into_inner();
         let quotas = self.quotas.clone();
+        let tracing = self.tracing.clone();
         tokio::spawn(async move {
             // The stream's shares are released however this task ends.
             let _closing = Closing(quotas.clone(), id);
@@ -103,7 +120,19 @@ impl RateLimitQuotaService for RlqsService {
                             .is_none_or(|t| t.seconds <= 0 && t.nanos <= 0),
                     })
                     .collect();
-                quotas.report(id, &reports.domain, usages).await;
+                let span = tracing
+                    .as_ref()
+                    .and_then(|t| t.request_span(Method::RlqsReport, &headers));
+                let summary = quotas.report(id, &reports.domain, usages).await;
+                if let Some(mut span) = span {
+                    span.rlqs_report(
+                        &reports.domain,
+                        summary.buckets,
+                        summary.new_buckets,
+                        summary.actions,
+                    );
+                    span.end(if summary.dropped { "DROPPED" } else { "OK" }, None);
+                }
             }
         });
         let clock = self.quotas.clone();

@@ -206,19 +206,24 @@ impl Quotas {
     }
 
     /// A usage report from `stream`: new buckets are answered at once.
-    pub async fn report(&self, stream: StreamId, domain: &str, usages: Vec<Usage>) {
+    pub async fn report(
+        &self,
+        stream: StreamId,
+        domain: &str,
+        usages: Vec<Usage>,
+    ) -> ReportSummary {
         let now = self.now();
-        let unclaimed = {
+        let (unclaimed, mut summary) = {
             let mut state = self.state.lock();
             self.record(&mut state, stream, domain, usages, now)
         };
-        if unclaimed.is_empty() {
-            return;
+        if !unclaimed.is_empty() {
+            summary.actions += self.claim_and_step(unclaimed, now).await;
         }
-        self.claim_and_step(unclaimed, now).await;
+        summary
     }
 
-    /// Applies a report; answers the budgets that need a first claim.
+    /// Applies a report; answers the budgets that need a first claim, and what it did.
     fn record(
         &self,
         state: &mut State,
@@ -226,7 +231,11 @@ impl Quotas {
         domain: &str,
         usages: Vec<Usage>,
         now: f64,
-    ) -> Vec<String> {
+    ) -> (Vec<String>, ReportSummary) {
+        let mut summary = ReportSummary {
+            buckets: usages.len(),
+            ..ReportSummary::default()
+        };
         let State {
             policy,
             streams,
@@ -235,7 +244,7 @@ impl Quotas {
             ..
         } = state;
         let Some(s) = streams.get_mut(&stream) else {
-            return Vec::new();
+            return (Vec::new(), summary);
         };
         let (tokens, at) = s.reports;
         let per_second = self.options.reports_per_second;
@@ -245,7 +254,8 @@ impl Quotas {
             if let Some(m) = &self.metrics {
                 m.reports_dropped.inc();
             }
-            return Vec::new();
+            summary.dropped = true;
+            return (Vec::new(), summary);
         }
         s.reports = (tokens - 1.0, now);
         if let Some(m) = &self.metrics {
@@ -275,6 +285,7 @@ impl Quotas {
                 if let Some(reason) = cap {
                     self.rejected(reason);
                     s.outbox.push(key, Action::Assign(Assigned::DenyAll, ttl));
+                    summary.actions += 1;
                     self.count_assignment(Assigned::DenyAll);
                     continue;
                 }
@@ -333,6 +344,7 @@ impl Quotas {
             }
         }
         // Answers for the new buckets that need no division.
+        summary.new_buckets = fresh.len();
         for id in fresh {
             let tracked = s.buckets.get_mut(&id).expect("tracked");
             let assigned = match &tracked.quota {
@@ -345,20 +357,23 @@ impl Quotas {
             s.outbox
                 .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
             self.count_assignment(assigned);
+            summary.actions += 1;
         }
         if let Some(m) = &self.metrics {
             m.buckets.set(*buckets as i64);
         }
         touched.sort_unstable();
         touched.dedup();
-        touched
+        let unclaimed = touched
             .into_iter()
             .filter(|k| budgets.get(k).is_some_and(|e| !e.shadow))
-            .collect()
+            .collect();
+        (unclaimed, summary)
     }
 
-    /// Claims for `keys` (those not claimed yet), then steps them and sends what changed.
-    async fn claim_and_step(&self, keys: Vec<String>, now: f64) {
+    /// Claims for `keys` (those not claimed yet), then steps them and sends what changed;
+    /// answers how many actions that queued.
+    async fn claim_and_step(&self, keys: Vec<String>, now: f64) -> usize {
         let asks: Vec<ClaimAsk> = {
             let state = self.state.lock();
             keys.iter()
@@ -374,9 +389,9 @@ impl Quotas {
         let grants = self.claims(&asks).await;
         let mut state = self.state.lock();
         apply_grants(&mut state, &asks, grants, now);
-        for key in keys {
-            self.step_budget(&mut state, &key, now);
-        }
+        keys.iter()
+            .map(|key| self.step_budget(&mut state, key, now))
+            .sum()
     }
 
     /// The claim this instance asks for `entry`: what it holds, or more for its demand.
@@ -414,17 +429,18 @@ impl Quotas {
         }
     }
 
-    /// Steps one budget and queues what changed.
-    fn step_budget(&self, state: &mut State, key: &str, now: f64) {
+    /// Steps one budget and queues what changed; answers how many actions.
+    fn step_budget(&self, state: &mut State, key: &str, now: f64) -> usize {
         let State {
             streams, budgets, ..
         } = state;
         let Some(entry) = budgets.get_mut(key) else {
-            return;
+            return 0;
         };
         if entry.shadow || !entry.claimed {
-            return;
+            return 0;
         }
+        let mut queued = 0;
         let drained = |s: StreamId| streams.get(&s).and_then(|s| s.outbox.drained_at());
         let changes = entry.state.step(now, &drained);
         let window = entry.state.budget.window;
@@ -442,7 +458,9 @@ impl Quotas {
             s.outbox
                 .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
             self.count_assignment(assigned);
+            queued += 1;
         }
+        queued
     }
 
     /// Once a second: reloads, claims, shares, TTLs, abandons, metrics.
@@ -474,7 +492,7 @@ impl Quotas {
         apply_grants(&mut state, &asks, grants, now);
         let keys: Vec<String> = state.budgets.keys().cloned().collect();
         for key in &keys {
-            self.step_budget(&mut state, key, now);
+            let _ = self.step_budget(&mut state, key, now);
         }
         self.renew_and_abandon(&mut state, now);
         state
@@ -494,6 +512,19 @@ impl Quotas {
             m.assignments.with_label_values(&[assigned.label()]).inc();
         }
     }
+}
+
+/// What one report did, for its span.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReportSummary {
+    /// Buckets it listed.
+    pub buckets: usize,
+    /// Of those, new on the stream (and tracked).
+    pub new_buckets: usize,
+    /// Actions it queued at once.
+    pub actions: usize,
+    /// Dropped: the stream sent reports faster than its rate.
+    pub dropped: bool,
 }
 
 /// One bucket of a report, checked.

@@ -13,6 +13,12 @@
 //! | `ratelimit.answered_by` | `store`, `over_limit_cache`, `failure_mode`, or `no_limit` (no counter) |
 //! | `ratelimit.descriptor_values` | `k=v,k2=v2 \| ...`, with `TRACING_DESCRIPTOR_VALUES=true` only |
 //!
+//! An RLQS usage report (Envoy's `rate_limit_quota` filter) has a span of its own,
+//! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`, a child of
+//! the trace context the stream was opened with, with `ratelimit.domain`, `rlqs.buckets`
+//! (buckets reported), `rlqs.new_buckets`, `rlqs.assignments` (actions the report caused
+//! at once) and `ratelimit.code` (`OK`, or `DROPPED` past the stream's report rate).
+//!
 //! The store call's span (`store call`) has `ratelimit.answered_by` and, for Redis,
 //! `ratelimit.store.script_calls` and `ratelimit.store.requests_per_call` (requests sharing
 //! the largest script call).
@@ -35,6 +41,8 @@ pub enum Method {
     ShouldRateLimit,
     /// `POST /json`.
     Json,
+    /// One usage report on an RLQS stream.
+    RlqsReport,
 }
 
 /// The span of one call, ended by [`RequestSpan::end`]. Boxed: the request path's futures
@@ -68,6 +76,17 @@ impl RequestSpan {
                 vec![
                     KeyValue::new("http.request.method", "POST"),
                     KeyValue::new("url.path", "/json"),
+                ],
+            ),
+            Method::RlqsReport => (
+                "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+                vec![
+                    KeyValue::new("rpc.system", "grpc"),
+                    KeyValue::new(
+                        "rpc.service",
+                        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+                    ),
+                    KeyValue::new("rpc.method", "StreamRateLimitQuotas"),
                 ],
             ),
         };
@@ -109,6 +128,25 @@ impl RequestSpan {
             }
             span.set_attribute(KeyValue::new("ratelimit.descriptor_values", text));
         }
+    }
+
+    /// An RLQS report: its domain, the buckets it listed, how many were new, and the actions
+    /// it caused at once.
+    pub fn rlqs_report(
+        &mut self,
+        domain: &str,
+        buckets: usize,
+        new_buckets: usize,
+        actions: usize,
+    ) {
+        if !self.is_recording() {
+            return;
+        }
+        let span = self.0.cx.span();
+        span.set_attribute(KeyValue::new("ratelimit.domain", domain.to_owned()));
+        span.set_attribute(KeyValue::new("rlqs.buckets", buckets as i64));
+        span.set_attribute(KeyValue::new("rlqs.new_buckets", new_buckets as i64));
+        span.set_attribute(KeyValue::new("rlqs.assignments", actions as i64));
     }
 
     /// How it was decided: the rule, what answered, and the store call's child span.

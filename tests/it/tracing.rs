@@ -345,3 +345,40 @@ async fn spans_still_queued_at_shutdown_are_sent_before_the_process_exits() {
         collector.spans()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rlqs_reports_are_traced_in_the_streams_trace() {
+    let collector = Collector::start().await;
+    let server = http_traced(&collector).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let traceparent = format!("00-{TRACE}-{PARENT}-01");
+    let mut stream =
+        crate::common::rlqs::Stream::over_with(channel, &[("traceparent", traceparent)])
+            .await
+            .unwrap();
+    let usage = crate::common::rlqs::usage;
+    stream
+        .report(
+            "shop",
+            vec![usage(&[("user", "a")], 1, 0), usage(&[("user", "b")], 1, 0)],
+        )
+        .await;
+    stream.next().await;
+    let span = collector
+        .span("the report's span", |s| {
+            s.name
+                == "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+        })
+        .await;
+    assert_eq!(span.trace_id, TRACE, "{span:?}");
+    assert_eq!(span.parent_span_id, PARENT, "{span:?}");
+    assert_eq!(span.attr("ratelimit.domain"), Some("shop"));
+    assert_eq!(span.attr("rlqs.buckets"), Some("2"));
+    assert_eq!(span.attr("rlqs.new_buckets"), Some("2"));
+    assert_eq!(span.attr("rlqs.assignments"), Some("2"), "{span:?}");
+    assert_eq!(span.attr("ratelimit.code"), Some("OK"));
+}

@@ -168,13 +168,22 @@ impl Stream {
 
     /// Opens a stream over `channel` (e.g. one over TLS).
     pub async fn over(channel: tonic::transport::Channel) -> Result<Self, tonic::Status> {
+        Self::over_with(channel, &[]).await
+    }
+
+    /// Opens a stream over `channel` with these metadata (e.g. a `traceparent`).
+    pub async fn over_with(
+        channel: tonic::transport::Channel,
+        metadata: &[(&'static str, String)],
+    ) -> Result<Self, tonic::Status> {
         let mut client =
             RateLimitQuotaServiceClient::new(channel).max_decoding_message_size(64 * 1024 * 1024);
         let (send, receive) = mpsc::channel(16);
-        let answers = client
-            .stream_rate_limit_quotas(ReceiverStream::new(receive))
-            .await?
-            .into_inner();
+        let mut request = tonic::Request::new(ReceiverStream::new(receive));
+        for (key, value) in metadata {
+            request.metadata_mut().insert(*key, value.parse().unwrap());
+        }
+        let answers = client.stream_rate_limit_quotas(request).await?.into_inner();
         Ok(Self { send, answers })
     }
 
