@@ -32,6 +32,16 @@ async fn until_refused(front: u16, bucket: &str, most: usize) -> (usize, bool) {
     (most, false)
 }
 
+/// Subscribes `bucket` (its first request, without an assignment yet, makes Envoy report
+/// it) and waits until Sluice has sent a token bucket.
+async fn subscribed(sluice: &TestServer, front: u16, bucket: &str) {
+    call(front, bucket).await;
+    eventually("a token bucket is assigned", || async {
+        assignments(sluice, "token_bucket").await >= 1
+    })
+    .await;
+}
+
 async fn assignments(sluice: &TestServer, strategy: &str) -> u64 {
     let (_, page) = http_get(sluice.http_addr, "/metrics").await.unwrap();
     metric(
@@ -96,11 +106,7 @@ async fn a_reload_re_sends_the_changed_assignment() {
     let dir = config_dir("rlqs-reload", &[("rq.yaml", RULES)]);
     let sluice = TestServer::start_with(Settings::for_tests(&dir)).await;
     let (_envoy, front) = envoy(sluice.grpc_addr.port(), "{blanket_rule: ALLOW_ALL}").await;
-    call(front, "carol").await;
-    eventually("a token bucket is assigned", || async {
-        assignments(&sluice, "token_bucket").await >= 1
-    })
-    .await;
+    subscribed(&sluice, front, "carol").await;
     let (_, refused) = until_refused(front, "carol", 20).await;
     assert!(refused);
     // The operator lifts the limit: Envoy gets ALLOW_ALL without a new report.
@@ -137,11 +143,7 @@ async fn a_reload_that_lowers_a_limit_lowers_envoys_bucket() {
     let dir = config_dir("rlqs-lower", &[("rq.yaml", &generous)]);
     let sluice = TestServer::start_with(Settings::for_tests(&dir)).await;
     let (_envoy, front) = envoy(sluice.grpc_addr.port(), "{blanket_rule: ALLOW_ALL}").await;
-    call(front, "erin").await;
-    eventually("a token bucket is assigned", || async {
-        assignments(&sluice, "token_bucket").await >= 1
-    })
-    .await;
+    subscribed(&sluice, front, "erin").await;
     let (passed, refused) = until_refused(front, "erin", 20).await;
     assert!(!refused && passed == 20, "1000 a minute: {passed} passed");
     // 2 a minute now: Envoy's bucket is replaced by one of capacity 2 (at its fill
@@ -166,11 +168,7 @@ async fn a_reload_that_changes_only_the_window_reaches_envoy() {
     let dir = config_dir("rlqs-window", &[("rq.yaml", RULES)]);
     let sluice = TestServer::start_with(Settings::for_tests(&dir)).await;
     let (_envoy, front) = envoy(sluice.grpc_addr.port(), "{blanket_rule: ALLOW_ALL}").await;
-    call(front, "frank").await;
-    eventually("a token bucket is assigned", || async {
-        assignments(&sluice, "token_bucket").await >= 1
-    })
-    .await;
+    subscribed(&sluice, front, "frank").await;
     assert!(until_refused(front, "frank", 20).await.1);
     replace_file(
         &dir,

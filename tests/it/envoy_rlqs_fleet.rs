@@ -69,6 +69,22 @@ fn assert_within_bound(admitted: &[Instant], allowance: f64) {
     }
 }
 
+/// Every Envoy of `fronts` busy for `seconds`: what each admitted, each having had a share
+/// (at least 5 in the last 5 s).
+async fn all_busy(fronts: &[u16], seconds: u64) -> Vec<Vec<Instant>> {
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let busy =
+        futures_util::future::join_all(fronts.iter().map(|f| hammer(*f, "shared", until))).await;
+    for (i, admitted) in busy.iter().enumerate() {
+        let recent = in_last(admitted, until, Duration::from_secs(5));
+        assert!(
+            recent >= 5,
+            "Envoy {i} gets a share: {recent} in the last 5 s"
+        );
+    }
+    busy
+}
+
 fn in_last(admitted: &[Instant], until: Instant, t: Duration) -> usize {
     admitted.iter().filter(|at| until - **at <= t).count()
 }
@@ -94,15 +110,7 @@ async fn three_envoys_share_one_budget_and_an_idle_ones_share_moves_to_the_busy(
     })
     .await;
     // All three busy.
-    let until = Instant::now() + Duration::from_secs(12);
-    let busy = futures_util::future::join_all(fronts.map(|f| hammer(f, "shared", until))).await;
-    for (i, admitted) in busy.iter().enumerate() {
-        let recent = in_last(admitted, until, Duration::from_secs(5));
-        assert!(
-            recent >= 5,
-            "Envoy {i} gets a share: {recent} in the last 5 s"
-        );
-    }
+    let busy = all_busy(&fronts, 12).await;
     let mut all: Vec<Instant> = busy.concat();
     all.sort();
     // One token per new Envoy (a bucket cannot start empty).
@@ -161,15 +169,7 @@ async fn two_replicas_on_one_redis_divide_the_budget_also_across_a_restart() {
         envoy(ports[1], "{blanket_rule: DENY_ALL}"),
     );
     let fronts = [a.1, b.1];
-    let until = Instant::now() + Duration::from_secs(12);
-    let first = futures_util::future::join_all(fronts.map(|f| hammer(f, "shared", until))).await;
-    for (i, admitted) in first.iter().enumerate() {
-        let recent = in_last(admitted, until, Duration::from_secs(5));
-        assert!(
-            recent >= 5,
-            "Envoy {i} gets a share: {recent} in the last 5 s"
-        );
-    }
+    let first = all_busy(&fronts, 12).await;
     let mut all: Vec<Instant> = first.concat();
     all.sort();
     // Twice as much through two replicas would be 20 a second; one token per new Envoy.
