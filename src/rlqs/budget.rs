@@ -202,6 +202,11 @@ impl BudgetState {
         let requests = allowed as f64 + denied as f64;
         let rate = match h.last_report {
             Some(at) => requests / (now - at).max(1.0) * window,
+            // Envoy's immediate report of a bucket it has just seen counts one request and
+            // says nothing of a rate: a newcomer counts as busy until its first real report
+            // (which corrects it at once), so that its share, and its instance's claim, do
+            // not wait a report interval to grow.
+            None if first_sight => self.budget.rate as f64,
             None => requests / REPORT_INTERVAL * window,
         };
         // No Envoy can use more than the whole budget: demand past it says nothing more (and

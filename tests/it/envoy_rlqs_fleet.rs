@@ -170,6 +170,16 @@ async fn two_replicas_on_one_redis_divide_the_budget_also_across_a_restart() {
     );
     let fronts = [a.1, b.1];
     let first = all_busy(&fronts, 12).await;
+    // Both busy: the budget is divided about evenly between the replicas' Envoys.
+    let until = *first.iter().flatten().max().unwrap();
+    let recent: Vec<usize> = first
+        .iter()
+        .map(|a| in_last(a, until, Duration::from_secs(5)))
+        .collect();
+    assert!(
+        recent[0].min(recent[1]) * 2 >= recent[0].max(recent[1]),
+        "{recent:?} in the last 5 s"
+    );
     let mut all: Vec<Instant> = first.concat();
     all.sort();
     // Twice as much through two replicas would be 20 a second; one token per new Envoy.
