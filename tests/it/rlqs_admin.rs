@@ -101,3 +101,29 @@ async fn a_bucket_is_explained_over_http_and_by_the_cli() {
     );
     assert!(text.contains("this instance: claim 60, held 60"), "{text}");
 }
+
+#[tokio::test]
+async fn a_shadow_rule_assigns_allow_all_and_counts_what_it_would_have_denied() {
+    let rules = "domain: rq\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 10}\n    shadow_mode: true\n";
+    let sluice = TestServer::start(&[("rq.yaml", rules)]).await;
+    let mut stream = Stream::open(sluice.grpc_addr).await.unwrap();
+    stream
+        .report("rq", vec![usage(&[("tenant", "acme")], 1, 0)])
+        .await;
+    let answer = stream.next().await;
+    let action = format!("{:?}", answer.bucket_action[0].bucket_action);
+    assert!(action.contains("BlanketRule(AllowAll)"), "ALLOW_ALL: {action}");
+    // Envoy let 100 through under ALLOW_ALL: a budget of 10 (and 9 left) would have denied 90.
+    stream
+        .report("rq", vec![usage(&[("tenant", "acme")], 100, 0)])
+        .await;
+    crate::common::eventually("the would-be denials are counted", || async {
+        let (_, page) = http_get(sluice.http_addr, "/metrics").await.unwrap();
+        crate::common::metric::<u64>(
+            &page,
+            r#"sluice_rlqs_shadow_denied_total{domain="rq",rule="rq.tenant"}"#,
+        )
+        .is_some_and(|n| (89..=91).contains(&n))
+    })
+    .await;
+}
