@@ -112,7 +112,10 @@ async fn a_shadow_rule_assigns_allow_all_and_counts_what_it_would_have_denied() 
         .await;
     let answer = stream.next().await;
     let action = format!("{:?}", answer.bucket_action[0].bucket_action);
-    assert!(action.contains("BlanketRule(AllowAll)"), "ALLOW_ALL: {action}");
+    assert!(
+        action.contains("BlanketRule(AllowAll)"),
+        "ALLOW_ALL: {action}"
+    );
     // Envoy let 100 through under ALLOW_ALL: a budget of 10 (and 9 left) would have denied 90.
     stream
         .report("rq", vec![usage(&[("tenant", "acme")], 100, 0)])
