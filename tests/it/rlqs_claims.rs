@@ -20,6 +20,7 @@ fn ask(instance: &str, want: u64, ttl_ms: u64) -> ClaimAsk {
 }
 
 async fn claims_add_up(store: &RedisStore) {
+    many_at_once(store).await;
     let one = store.claim(&[ask("one", 10, 60_000)]).await.unwrap()[0];
     assert_eq!((one.granted, one.others), (10, 0));
     let two = store.claim(&[ask("two", 5, 60_000)]).await.unwrap()[0];
@@ -56,4 +57,37 @@ async fn claims_in_a_redis_cluster_never_add_up_past_the_total() {
     let cluster = RedisCluster::start();
     let store = RedisStore::new(&RedisOptions::new(cluster.url(), RedisKind::Cluster)).unwrap();
     claims_add_up(&store).await;
+}
+
+/// A thousand claims in one call (more than one script call's worth, over several slots in
+/// a Cluster): each answered for its own budget.
+async fn many_at_once(store: &RedisStore) {
+    let asks: Vec<ClaimAsk> = (0..1000)
+        .map(|i| ClaimAsk {
+            key: format!("many\n{i}"),
+            want: i % 7,
+            ..ask("one", 0, 60_000)
+        })
+        .collect();
+    let grants = store.claim(&asks).await.unwrap();
+    assert_eq!(grants.len(), 1000);
+    for (i, grant) in grants.iter().enumerate() {
+        assert_eq!(grant.granted, (i % 7) as u64, "claim {i}");
+    }
+    let others: Vec<ClaimAsk> = asks
+        .iter()
+        .map(|a| ClaimAsk {
+            instance: "two".into(),
+            want: 10,
+            ..a.clone()
+        })
+        .collect();
+    let grants = store.claim(&others).await.unwrap();
+    for (i, grant) in grants.iter().enumerate() {
+        assert_eq!(
+            (grant.granted, grant.others_hold),
+            (10 - (i % 7) as u64, (i % 7) as u64),
+            "claim {i}"
+        );
+    }
 }

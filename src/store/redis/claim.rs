@@ -1,42 +1,54 @@
 //! RLQS claims in Redis: one hash per budget, a field per instance holding its claim, its
-//! demand and when the claim ends (Redis's clock); one script call per budget, all sent at
-//! once (each budget is one key, so a Cluster routes each call by itself).
+//! demand and when the claim ends (Redis's clock). One script call renews every claim of a
+//! node (of a hash slot, in a Cluster), at most [`PER_CALL`] at a time, all sent at once.
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use futures_util::future::join_all;
 use redis::{Cmd, Script};
 
-use super::RedisStore;
+use super::{RedisStore, slot};
 use crate::store::{ClaimAsk, ClaimGrant, StoreError};
 
-/// KEYS[1]: the budget's hash. ARGV: instance, total, want, demand (requests per window,
-/// in thousandths), ttl (ms). Drops the claims that ended, grants at most what the others
-/// leave, records this instance's claim and answers `{granted, others' demand (thousandths),
-/// others, what the others hold}`. A script: reading the others and writing ours must be
-/// one step, or two instances could each take what the other left.
+/// KEYS: the budgets' hashes. ARGV[1]: the instance; then per key its total, want, demand
+/// (requests per window, in thousandths) and ttl (ms). For each key: drops the claims that
+/// ended, grants at most what the others leave, records this instance's claim; answers four
+/// integers per key: granted, the others' demand (thousandths), how many others, what they
+/// hold. A script: reading the others and writing ours must be one step, or two instances
+/// could each take what the other left.
 const CLAIM_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local held, demand, count = 0, 0, 0
-local fields = redis.call('HGETALL', KEYS[1])
-for i = 1, #fields, 2 do
-  if fields[i] ~= ARGV[1] then
-    local c, d, e = string.match(fields[i + 1], '^(%d+):(%d+):(%d+)$')
-    if c == nil or tonumber(e) <= now then
-      redis.call('HDEL', KEYS[1], fields[i])
-    else
-      held = held + tonumber(c)
-      demand = demand + tonumber(d)
-      count = count + 1
+local me = ARGV[1]
+local out = {}
+for k = 1, #KEYS do
+  local base = 1 + (k - 1) * 4
+  local total, want = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local mine, ttl = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+  local held, demand, count = 0, 0, 0
+  local fields = redis.call('HGETALL', KEYS[k])
+  for i = 1, #fields, 2 do
+    if fields[i] ~= me then
+      local c, d, e = string.match(fields[i + 1], '^(%d+):(%d+):(%d+)$')
+      if c == nil or tonumber(e) <= now then
+        redis.call('HDEL', KEYS[k], fields[i])
+      else
+        held = held + tonumber(c)
+        demand = demand + tonumber(d)
+        count = count + 1
+      end
     end
   end
+  local granted = math.min(want, math.max(0, total - held))
+  redis.call('HSET', KEYS[k], me, string.format('%d:%d:%d', granted, mine, now + ttl))
+  redis.call('PEXPIRE', KEYS[k], ttl * 2)
+  out[#out + 1] = granted
+  out[#out + 1] = demand
+  out[#out + 1] = count
+  out[#out + 1] = held
 end
-local granted = math.min(tonumber(ARGV[3]), math.max(0, tonumber(ARGV[2]) - held))
-local ttl = tonumber(ARGV[5])
-redis.call('HSET', KEYS[1], ARGV[1], string.format('%d:%d:%d', granted, tonumber(ARGV[4]), now + ttl))
-redis.call('PEXPIRE', KEYS[1], ttl * 2)
-return {granted, demand, count, held}
+return out
 ";
 
 static CLAIMS: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_SCRIPT));
@@ -45,37 +57,86 @@ static CLAIMS: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_SCRIPT));
 /// and Envoy's token buckets hold at most 2^32 - 1 anyway.
 const MAX_TOTAL: u64 = u32::MAX as u64;
 
+/// Most claims one script call renews: each is a few hash operations, so a call stays
+/// within a few milliseconds of Redis's time.
+pub const PER_CALL: usize = 512;
+
 impl RedisStore {
-    /// Every claim, one script call each, all at once.
+    /// Every claim: grouped by instance and, in a Cluster, by hash slot; one script call per
+    /// group of at most [`PER_CALL`], all at once.
     pub(super) async fn claim_asks(
         &self,
         asks: &[ClaimAsk],
     ) -> Result<Vec<ClaimGrant>, StoreError> {
-        let calls = asks.iter().map(|ask| async move {
-            let mut cmd = Cmd::new();
-            cmd.arg("EVALSHA")
-                .arg(CLAIMS.get_hash())
-                .arg(1)
-                .arg(format!("{}sluice_rlqs_{}", self.shared.prefix, ask.key))
-                .arg(&ask.instance)
-                .arg(ask.total.min(MAX_TOTAL))
+        let cluster = self.shared.connector.is_cluster();
+        let mut groups: BTreeMap<(&str, u16), Vec<usize>> = BTreeMap::new();
+        for (i, ask) in asks.iter().enumerate() {
+            let slot = if cluster {
+                slot::slot(self.key(ask).as_bytes())
+            } else {
+                0
+            };
+            groups
+                .entry((ask.instance.as_str(), slot))
+                .or_default()
+                .push(i);
+        }
+        let calls: Vec<&[usize]> = groups
+            .values()
+            .flat_map(|indices| indices.chunks(PER_CALL))
+            .collect();
+        let replies = join_all(calls.iter().map(|indices| self.claim_call(asks, indices))).await;
+        let mut grants: Vec<Option<ClaimGrant>> = vec![None; asks.len()];
+        for (indices, reply) in calls.iter().zip(replies) {
+            for (&i, grant) in indices.iter().zip(reply?) {
+                grants[i] = Some(grant);
+            }
+        }
+        grants
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| StoreError::Internal("a claim got no answer".into()))
+    }
+
+    fn key(&self, ask: &ClaimAsk) -> String {
+        format!("{}sluice_rlqs_{}", self.shared.prefix, ask.key)
+    }
+
+    /// One script call over the asks at `indices` (one instance, one node or slot).
+    async fn claim_call(
+        &self,
+        asks: &[ClaimAsk],
+        indices: &[usize],
+    ) -> Result<Vec<ClaimGrant>, StoreError> {
+        let mut cmd = Cmd::new();
+        cmd.arg("EVALSHA").arg(CLAIMS.get_hash()).arg(indices.len());
+        for &i in indices {
+            cmd.arg(self.key(&asks[i]));
+        }
+        cmd.arg(&asks[indices[0]].instance);
+        for &i in indices {
+            let ask = &asks[i];
+            cmd.arg(ask.total.min(MAX_TOTAL))
                 .arg(ask.want.min(MAX_TOTAL))
                 .arg((ask.demand.clamp(0.0, 1e12) * 1000.0) as u64)
                 .arg(ask.ttl.as_millis().max(1) as u64);
-            let values: Vec<i64> = self.shared.run_script(&CLAIMS, &cmd).await?;
-            match values[..] {
-                [granted, demand, others, held] => Ok(ClaimGrant {
-                    granted: granted.max(0) as u64,
-                    others_demand: demand.max(0) as f64 / 1000.0,
-                    others: others.max(0) as u64,
-                    others_hold: held.max(0) as u64,
-                }),
-                _ => Err(StoreError::Internal(format!(
-                    "the claim script answered {} values",
-                    values.len()
-                ))),
-            }
-        });
-        join_all(calls).await.into_iter().collect()
+        }
+        let values: Vec<i64> = self.shared.run_script(&CLAIMS, &cmd).await?;
+        if values.len() != 4 * indices.len() {
+            return Err(StoreError::Internal(format!(
+                "the claim script answered {} values for {} claims",
+                values.len(),
+                indices.len()
+            )));
+        }
+        Ok(values
+            .chunks_exact(4)
+            .map(|v| ClaimGrant {
+                granted: v[0].max(0) as u64,
+                others_demand: v[1].max(0) as f64 / 1000.0,
+                others: v[2].max(0) as u64,
+                others_hold: v[3].max(0) as u64,
+            })
+            .collect())
     }
 }
