@@ -114,6 +114,11 @@ pub enum Quota {
 }
 
 impl Quota {
+    /// Whether the budget is divided among the Envoys (shadow mode included).
+    pub fn is_divided(&self) -> bool {
+        matches!(self, Quota::Divided { .. })
+    }
+
     /// The rule's stats key, if a rule matched.
     pub fn rule(&self) -> Option<&str> {
         match self {

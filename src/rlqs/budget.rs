@@ -241,7 +241,17 @@ impl BudgetState {
     /// delivered everything queued for it. Answers the shares to send.
     pub fn step(&mut self, now: f64, drained: &dyn Fn(StreamId) -> Option<f64>) -> Changes {
         self.ghosts.retain(|(_, until)| *until > now);
-        // Lowerings delivered long enough ago stop being counted at their old value.
+        self.settle(now, drained);
+        self.refill_reserve(now);
+        let targets = self.targets();
+        let mut changes = Vec::new();
+        self.lower(&targets, now, &mut changes);
+        self.raise(&targets, now, &mut changes);
+        changes
+    }
+
+    /// Lowerings delivered long enough ago stop being counted at their old value.
+    fn settle(&mut self, now: f64, drained: &dyn Fn(StreamId) -> Option<f64>) {
         for (stream, h) in &mut self.holdings {
             if let (Some(at), Some(sent)) = (h.lowered_at, h.sent)
                 && drained(*stream).is_some_and(|d| d >= at && now - d >= SETTLE)
@@ -250,53 +260,60 @@ impl BudgetState {
                 h.lowered_at = None;
             }
         }
-        self.refill_reserve(now);
-        let streams: Vec<StreamId> = {
-            let mut ids: Vec<StreamId> = self.holdings.keys().copied().collect();
-            ids.sort_unstable();
-            ids
-        };
+    }
+
+    /// Each stream's target share, by stream: what this instance divides (its claim, or less
+    /// when its fair part of the fleet's budget is smaller; the claim follows once the Envoys
+    /// hold less), by demand.
+    fn targets(&self) -> Vec<(StreamId, Share)> {
+        let mut streams: Vec<StreamId> = self.holdings.keys().copied().collect();
+        streams.sort_unstable();
         let demands: Vec<f64> = streams
             .iter()
             .map(|s| self.holdings[s].demand.unwrap_or(0.0))
             .collect();
-        // What this instance divides: its claim, or less when its fair part of the fleet's
-        // budget is smaller (the claim follows once the Envoys hold less).
-        let part = self.budget.share_of(
-            self.claim
-                .rate
-                .min(self.fair_want(self.budget.rate, self.demand())),
-        );
-        let part = part.min(self.claim);
+        let fair = self.fair_want(self.budget.rate, self.demand());
+        let part = self
+            .budget
+            .share_of(self.claim.rate.min(fair))
+            .min(self.claim);
         let rates = divide(part.rate, &demands);
-        let mut changes = Vec::new();
-        // 1. Lower whatever is above its target.
-        for (stream, &rate) in streams.iter().zip(&rates) {
-            let target = self.budget.share_of(rate).min(part);
-            let h = self.holdings.get_mut(stream).expect("listed");
+        streams
+            .into_iter()
+            .zip(rates)
+            .map(|(s, rate)| (s, self.budget.share_of(rate).min(part)))
+            .collect()
+    }
+
+    /// Rule 1, first half: lowers whatever is above its target (counted at its old value
+    /// until it settles).
+    fn lower(&mut self, targets: &[(StreamId, Share)], now: f64, changes: &mut Changes) {
+        for &(stream, target) in targets {
+            let h = self.holdings.get_mut(&stream).expect("listed");
             let Some(sent) = h.sent else { continue };
             let lower = sent.min(target);
             if lower != sent {
                 replace(h, sent, lower, self.budget, now);
                 h.lowered_at = Some(now);
-                changes.push((*stream, lower));
+                changes.push((stream, lower));
             }
         }
-        // 2. Raise, largest unmet demand first, within what is not counted and what the
-        // reserve covers.
+    }
+
+    /// Rule 1, second half, and rule 2: raises, largest unmet demand first, within what is not
+    /// counted and what the reserve covers.
+    fn raise(&mut self, targets: &[(StreamId, Share)], now: f64, changes: &mut Changes) {
         let held = self.held();
         let mut free = Share {
             rate: self.claim.rate.saturating_sub(held.rate),
             burst: self.claim.burst.saturating_sub(held.burst),
         };
-        let mut order: Vec<(StreamId, Share, f64)> = streams
+        let mut order: Vec<(StreamId, Share, f64)> = targets
             .iter()
-            .zip(&rates)
-            .map(|(s, &rate)| {
-                let h = &self.holdings[s];
-                let target = self.budget.share_of(rate).min(part);
+            .map(|&(s, target)| {
+                let h = &self.holdings[&s];
                 let short = h.demand.unwrap_or(0.0) - h.sent.map_or(0, |x| x.rate) as f64;
-                (*s, target, short)
+                (s, target, short)
             })
             .collect();
         order.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
@@ -309,37 +326,12 @@ impl BudgetState {
             if h.sent.is_some() && target.rate <= sent.rate && target.burst <= sent.burst {
                 continue;
             }
-            let mut up = Share {
+            let wanted = Share {
                 rate: sent.rate.max(target.rate.min(sent.rate + free.rate)),
                 burst: sent.burst.max(target.burst.min(sent.burst + free.burst)),
             };
-            // The tokens the new bucket starts with beyond what the old one had: a new bucket
-            // (or one after DENY_ALL) starts full, a replacement at the old fill fraction.
-            let fresh = sent.is_empty();
             let tokens_now = current_tokens(h, sent, self.budget, now);
-            let gain = |burst: u64| {
-                if fresh {
-                    burst as f64
-                } else {
-                    tokens_now * (burst as f64 / sent.burst as f64) - tokens_now
-                }
-            };
-            let reserve = self.reserve.max(0.0);
-            if gain(up.burst) > reserve {
-                up.burst = if fresh {
-                    (reserve.floor() as u64).min(up.burst)
-                } else {
-                    // tokens × b / sent.burst − tokens ≤ reserve
-                    let covered = (reserve + tokens_now) * sent.burst as f64 / tokens_now;
-                    (covered.floor() as u64).clamp(sent.burst, up.burst)
-                };
-            }
-            if up.rate == 0 {
-                up = Share::default();
-            } else if up.burst == 0 {
-                // A bucket of capacity 0 refuses everything: one token, past the reserve.
-                up.burst = 1;
-            }
+            let up = covered(sent, wanted, tokens_now, self.reserve.max(0.0));
             if h.sent == Some(up) {
                 continue;
             }
@@ -354,14 +346,13 @@ impl BudgetState {
                 }
                 continue;
             }
-            self.reserve -= gain(up.burst);
+            self.reserve -= gain(sent, up.burst, tokens_now);
             free.rate -= up.rate - sent.rate;
             free.burst = free.burst.saturating_sub(up.burst - sent.burst);
             replace(h, sent, up, self.budget, now);
             h.counted = h.counted.max(up);
             changes.push((stream, up));
         }
-        changes
     }
 
     /// Rule 2's reserve at `now`: it grows by the rate nobody holds, and never past the
@@ -386,6 +377,40 @@ impl BudgetState {
         self.shadow_tokens = ((tokens - allowed as f64).max(0.0), now);
         over.ceil() as u64
     }
+}
+
+/// The tokens a bucket of capacity `burst` starts with beyond what `sent` (holding
+/// `tokens`) had: a new bucket (or one after DENY_ALL) starts full, a replacement at the old
+/// one's fill fraction.
+fn gain(sent: Share, burst: u64, tokens: f64) -> f64 {
+    if sent.is_empty() {
+        burst as f64
+    } else {
+        tokens * (burst as f64 / sent.burst as f64) - tokens
+    }
+}
+
+/// `wanted`, with as much capacity over `sent` (holding `tokens`) as `reserve` covers; a
+/// share with a rate has at least one token of capacity (0 refuses everything), and one
+/// without a rate is empty.
+fn covered(sent: Share, wanted: Share, tokens: f64, reserve: f64) -> Share {
+    let mut up = wanted;
+    if gain(sent, up.burst, tokens) > reserve {
+        up.burst = if sent.is_empty() {
+            (reserve.floor() as u64).min(up.burst)
+        } else {
+            // tokens × b / sent.burst − tokens ≤ reserve
+            let covered = (reserve + tokens) * sent.burst as f64 / tokens;
+            (covered.floor() as u64).clamp(sent.burst, up.burst)
+        };
+    }
+    if up.rate == 0 {
+        up = Share::default();
+    } else if up.burst == 0 {
+        // A bucket of capacity 0 refuses everything: one token, past the reserve.
+        up.burst = 1;
+    }
+    up
 }
 
 /// The upper bound of `h`'s tokens at `now`, its bucket being `sent`.

@@ -8,9 +8,9 @@
 //! - `share`: the division of a budget by demand (pure);
 //! - `budget`: what each Envoy holds of one budget, and the step that moves the shares
 //!   without passing the bound;
-//! - `quotas`: every stream and budget of the instance, reports, the tick and claims;
-//!   `quotas/lifecycle.rs` renewals, abandons, reloads and the drain, `quotas/view.rs` the
-//!   gauges, a bucket explained and the `/rlconfig` lines;
+//! - `quotas`: every stream and budget of the instance, the tick and claims;
+//!   `quotas/report.rs` a usage report, `quotas/lifecycle.rs` renewals, abandons, reloads and
+//!   the drain, `quotas/view.rs` the gauges, a bucket explained and the `/rlconfig` lines;
 //! - `outbox`: what waits to be sent on a stream.
 
 mod bucket;

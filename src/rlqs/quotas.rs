@@ -16,9 +16,10 @@ use super::bucket::{BucketKey, Quota, Rejected};
 use super::budget::{BudgetState, StreamId};
 use super::metrics::RlqsMetrics;
 use super::outbox::{Action, Assigned, Outbox};
-use super::share::Share;
+use super::share::{Budget, Share};
 
 mod lifecycle;
+mod report;
 mod view;
 
 pub use view::{BucketView, BudgetView};
@@ -96,6 +97,20 @@ struct Entry {
     claim_due: f64,
 }
 
+impl Entry {
+    /// A budget first seen at `now`, not claimed yet.
+    fn new(budget: Budget, domain: &str, rule: &str, shadow: bool, now: f64) -> Self {
+        Self {
+            state: BudgetState::new(budget, Share::default(), now, false),
+            domain: domain.to_owned(),
+            rule: rule.to_owned(),
+            shadow,
+            claimed: false,
+            claim_due: now,
+        }
+    }
+}
+
 struct StreamState {
     outbox: Arc<Outbox>,
     /// By [`bucket_key`] (the budget's key too, when divided).
@@ -108,9 +123,8 @@ struct StreamState {
 struct Tracked {
     domain: String,
     bucket: BucketKey,
+    /// What it gets; when divided, the bucket's key is its budget's.
     quota: Quota,
-    /// Whether the quota is divided: the bucket's key is its budget's.
-    divided: bool,
     assigned: Option<Assigned>,
     ttl_until: f64,
     /// When it last had requests (or was first seen).
@@ -195,7 +209,7 @@ impl Quotas {
         gone.outbox.close();
         state.buckets -= gone.buckets.len();
         for (key, tracked) in gone.buckets {
-            if tracked.divided {
+            if tracked.quota.is_divided() {
                 leave(&mut state.budgets, &key, stream, tracked.ttl_until.max(now));
             }
         }
@@ -205,170 +219,12 @@ impl Quotas {
         }
     }
 
-    /// A usage report from `stream`: new buckets are answered at once.
-    pub async fn report(
-        &self,
-        stream: StreamId,
-        domain: &str,
-        usages: Vec<Usage>,
-    ) -> ReportSummary {
-        let now = self.now();
-        let (unclaimed, mut summary) = {
-            let mut state = self.state.lock();
-            self.record(&mut state, stream, domain, usages, now)
-        };
-        if !unclaimed.is_empty() {
-            summary.actions += self.claim_and_step(unclaimed, now).await;
-        }
-        summary
-    }
-
-    /// Applies a report; answers the budgets that need a first claim, and what it did.
-    fn record(
-        &self,
-        state: &mut State,
-        stream: StreamId,
-        domain: &str,
-        usages: Vec<Usage>,
-        now: f64,
-    ) -> (Vec<String>, ReportSummary) {
-        let mut summary = ReportSummary {
-            buckets: usages.len(),
-            ..ReportSummary::default()
-        };
-        let State {
-            policy,
-            streams,
-            budgets,
-            buckets,
-            ..
-        } = state;
-        let Some(s) = streams.get_mut(&stream) else {
-            return (Vec::new(), summary);
-        };
-        let (tokens, at) = s.reports;
-        let per_second = self.options.reports_per_second;
-        let tokens = (tokens + (now - at) * per_second).min(per_second);
-        if tokens < 1.0 {
-            s.reports = (tokens, now);
-            if let Some(m) = &self.metrics {
-                m.reports_dropped.inc();
-            }
-            summary.dropped = true;
-            return (Vec::new(), summary);
-        }
-        s.reports = (tokens - 1.0, now);
-        if let Some(m) = &self.metrics {
-            m.reports.inc();
-        }
-        let shadow = self.limiter.options().shadow_mode;
-        let ttl = self.ttl();
-        let mut fresh = Vec::new();
-        let mut touched = Vec::new();
-        for usage in usages {
-            let key = match usage.bucket {
-                Ok(key) => key,
-                Err(reason) => {
-                    self.rejected(reason.label());
-                    continue;
-                }
-            };
-            let id = bucket_key(domain, &key);
-            if !s.buckets.contains_key(&id) {
-                let cap = if s.buckets.len() >= self.options.max_buckets_per_stream {
-                    Some("over_stream_cap")
-                } else if *buckets >= self.options.max_buckets {
-                    Some("over_instance_cap")
-                } else {
-                    None
-                };
-                if let Some(reason) = cap {
-                    self.rejected(reason);
-                    s.outbox.push(key, Action::Assign(Assigned::DenyAll, ttl));
-                    summary.actions += 1;
-                    self.count_assignment(Assigned::DenyAll);
-                    continue;
-                }
-                let quota = Quota::of(policy, domain, &key, shadow);
-                s.buckets.insert(
-                    id.clone(),
-                    Tracked {
-                        domain: domain.to_owned(),
-                        bucket: key,
-                        divided: matches!(quota, Quota::Divided { .. }),
-                        quota,
-                        assigned: None,
-                        ttl_until: now,
-                        active_at: now,
-                    },
-                );
-                *buckets += 1;
-                fresh.push(id.clone());
-            }
-            let tracked = s.buckets.get_mut(&id).expect("inserted");
-            if usage.allowed > 0 || usage.denied > 0 {
-                tracked.active_at = now;
-            }
-            if let Quota::Divided {
-                rule,
-                budget,
-                shadow,
-            } = &tracked.quota
-            {
-                let entry = budgets.entry(id.clone()).or_insert_with(|| Entry {
-                    state: BudgetState::new(*budget, Share::default(), now, false),
-                    domain: domain.to_owned(),
-                    rule: rule.clone(),
-                    shadow: *shadow,
-                    claimed: false,
-                    claim_due: now,
-                });
-                entry.state.report_seen(
-                    stream,
-                    usage.allowed,
-                    usage.denied,
-                    now,
-                    usage.first_sight,
-                );
-                if entry.shadow {
-                    let over = entry.state.shadow_admitted(usage.allowed, now);
-                    if let (Some(m), true) = (&self.metrics, over > 0) {
-                        m.shadow_denied
-                            .with_label_values(&[domain, &entry.rule])
-                            .inc_by(over);
-                    }
-                }
-                if entry.state.sent(stream).is_none() {
-                    touched.push(id.clone());
-                }
-            }
-        }
-        // Answers for the new buckets that need no division.
-        summary.new_buckets = fresh.len();
-        for id in fresh {
-            let tracked = s.buckets.get_mut(&id).expect("tracked");
-            let assigned = match &tracked.quota {
-                Quota::AllowAll { .. } | Quota::Divided { shadow: true, .. } => Assigned::AllowAll,
-                Quota::DenyAll { .. } => Assigned::DenyAll,
-                Quota::Divided { .. } => continue,
-            };
-            tracked.assigned = Some(assigned);
-            tracked.ttl_until = now + ttl as f64;
-            s.outbox
-                .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
-            self.count_assignment(assigned);
-            summary.actions += 1;
-        }
-        if let Some(m) = &self.metrics {
-            m.buckets.set(*buckets as i64);
-        }
-        touched.sort_unstable();
-        touched.dedup();
-        let unclaimed = touched
-            .into_iter()
-            .filter(|k| budgets.get(k).is_some_and(|e| !e.shadow))
-            .collect();
-        (unclaimed, summary)
+    /// Sends `assigned` for `tracked` on `outbox`, with a TTL of `ttl` seconds from `now`.
+    fn send(&self, outbox: &Outbox, tracked: &mut Tracked, assigned: Assigned, ttl: u64, now: f64) {
+        tracked.assigned = Some(assigned);
+        tracked.ttl_until = now + ttl as f64;
+        outbox.push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
+        self.count_assignment(assigned);
     }
 
     /// Claims for `keys` (those not claimed yet), then steps them and sends what changed;
@@ -444,7 +300,7 @@ impl Quotas {
         let drained = |s: StreamId| streams.get(&s).and_then(|s| s.outbox.drained_at());
         let changes = entry.state.step(now, &drained);
         let window = entry.state.budget.window;
-        let ttl = self.options.assignment_ttl.as_secs().max(1);
+        let ttl = self.ttl();
         for (stream, share) in changes {
             let Some(s) = streams.get_mut(&stream) else {
                 continue;
@@ -453,11 +309,7 @@ impl Quotas {
                 continue;
             };
             let assigned = encodable(tracked.assigned, share, window);
-            tracked.assigned = Some(assigned);
-            tracked.ttl_until = now + ttl as f64;
-            s.outbox
-                .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
-            self.count_assignment(assigned);
+            self.send(&s.outbox, tracked, assigned, ttl, now);
             queued += 1;
         }
         queued
@@ -538,6 +390,16 @@ pub struct Usage {
     /// `time_elapsed` is 0 (or unset): Envoy's immediate report of a bucket it has just seen,
     /// where a report after a reconnect says 1 s or more.
     pub first_sight: bool,
+}
+
+/// The blanket rule a quota is answered with at once: all but a divided quota outside
+/// shadow mode, whose token bucket comes from its budget.
+fn blanket(quota: &Quota) -> Option<Assigned> {
+    match quota {
+        Quota::AllowAll { .. } | Quota::Divided { shadow: true, .. } => Some(Assigned::AllowAll),
+        Quota::DenyAll { .. } => Some(Assigned::DenyAll),
+        Quota::Divided { .. } => None,
+    }
 }
 
 /// A bucket's key on a stream, and its budget's when it is divided: the domain and the

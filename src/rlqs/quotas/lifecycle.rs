@@ -1,14 +1,14 @@
 //! What happens to buckets and streams over time: TTL renewals and abandons, a reload's new
 //! quotas, the drain.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DRAIN_TTL, Entry, Quotas, State, encodable, leave};
+use super::{DRAIN_TTL, Entry, Quotas, State, StreamState, Tracked, blanket, encodable, leave};
 use crate::rlqs::bucket::Quota;
-use crate::rlqs::budget::{BudgetState, REPORT_INTERVAL, SETTLE};
+use crate::rlqs::budget::{REPORT_INTERVAL, SETTLE, StreamId};
 use crate::rlqs::outbox::{Action, Assigned};
-use crate::rlqs::share::Share;
 use crate::store::ClaimAsk;
 
 impl Quotas {
@@ -32,16 +32,13 @@ impl Quotas {
                 if let Some(assigned) = tracked.assigned
                     && tracked.ttl_until - now < ttl as f64 / 2.0
                 {
-                    tracked.ttl_until = now + ttl as f64;
-                    s.outbox
-                        .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
-                    self.count_assignment(assigned);
+                    self.send(&s.outbox, tracked, assigned, ttl, now);
                 }
             }
             for id in abandoned {
                 let tracked = s.buckets.remove(&id).expect("listed");
                 *buckets -= 1;
-                if tracked.divided {
+                if tracked.quota.is_divided() {
                     // Envoy forgets the bucket when the action arrives.
                     leave(budgets, &id, stream, now + 2.0 * SETTLE);
                 }
@@ -66,78 +63,17 @@ impl Quotas {
             streams, budgets, ..
         } = state;
         for (&stream, s) in streams.iter_mut() {
-            for (id, tracked) in &mut s.buckets {
+            let StreamState {
+                outbox, buckets, ..
+            } = s;
+            for (id, tracked) in buckets.iter_mut() {
                 let quota = Quota::of(&policy, &tracked.domain, &tracked.bucket, shadow);
                 if quota == tracked.quota {
                     continue;
                 }
-                let divided = matches!(quota, Quota::Divided { .. });
-                if tracked.divided {
-                    if divided {
-                        if let (
-                            Some(entry),
-                            Quota::Divided {
-                                budget: b,
-                                rule,
-                                shadow,
-                            },
-                        ) = (budgets.get_mut(id), &quota)
-                        {
-                            let claim = entry.state.claim().min(b.share_of(b.rate));
-                            entry.state.set_claim(b.share_of(claim.rate), *b);
-                            entry.rule = rule.clone();
-                            entry.shadow = *shadow;
-                            entry.claim_due = now;
-                            // A new window with the same share would be kept by Envoy 1.40
-                            // as it was: it is sent now, one token lower.
-                            if let Some(Assigned::Bucket(share, window)) = tracked.assigned
-                                && window != b.window
-                                && !*shadow
-                            {
-                                let assigned = encodable(tracked.assigned, share, b.window);
-                                tracked.assigned = Some(assigned);
-                                tracked.ttl_until = now + ttl as f64;
-                                s.outbox
-                                    .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
-                                self.count_assignment(assigned);
-                            }
-                        }
-                    } else {
-                        leave(budgets, id, stream, tracked.ttl_until.max(now));
-                    }
+                if let Some(assigned) = requota(budgets, stream, id, tracked, quota, now) {
+                    self.send(outbox, tracked, assigned, ttl, now);
                 }
-                if let Quota::Divided {
-                    budget: b,
-                    rule,
-                    shadow,
-                } = &quota
-                {
-                    let entry = budgets.entry(id.clone()).or_insert_with(|| Entry {
-                        state: BudgetState::new(*b, Share::default(), now, false),
-                        domain: tracked.domain.clone(),
-                        rule: rule.clone(),
-                        shadow: *shadow,
-                        claimed: false,
-                        claim_due: now,
-                    });
-                    entry.state.report(stream, 0, 0, now);
-                }
-                let assigned = match &quota {
-                    Quota::AllowAll { .. } | Quota::Divided { shadow: true, .. } => {
-                        Some(Assigned::AllowAll)
-                    }
-                    Quota::DenyAll { .. } => Some(Assigned::DenyAll),
-                    Quota::Divided { .. } => None,
-                };
-                if let Some(assigned) = assigned {
-                    tracked.assigned = Some(assigned);
-                    tracked.ttl_until = now + ttl as f64;
-                    s.outbox
-                        .push(tracked.bucket.clone(), Action::Assign(assigned, ttl));
-                    self.count_assignment(assigned);
-                }
-                tracked.quota = quota;
-                tracked.divided = divided;
             }
         }
     }
@@ -169,4 +105,58 @@ impl Quotas {
         };
         let _ = self.claims(&asks).await;
     }
+}
+
+/// `tracked` (on `stream`, key `id`) gets `quota` on a reload: its budget takes the new
+/// numbers, is left, or is made. Answers what to send at once: a blanket rule, or a share
+/// whose window alone changed (Envoy 1.40 would keep it as it was: it goes one token lower).
+fn requota(
+    budgets: &mut HashMap<String, Entry>,
+    stream: StreamId,
+    id: &str,
+    tracked: &mut Tracked,
+    quota: Quota,
+    now: f64,
+) -> Option<Assigned> {
+    let mut send = None;
+    match (&tracked.quota, &quota) {
+        (
+            Quota::Divided { .. },
+            Quota::Divided {
+                budget: b,
+                rule,
+                shadow,
+            },
+        ) => {
+            if let Some(entry) = budgets.get_mut(id) {
+                let claim = entry.state.claim().min(b.share_of(b.rate));
+                entry.state.set_claim(b.share_of(claim.rate), *b);
+                entry.rule = rule.clone();
+                entry.shadow = *shadow;
+                entry.claim_due = now;
+                if let Some(Assigned::Bucket(share, window)) = tracked.assigned
+                    && window != b.window
+                    && !*shadow
+                {
+                    send = Some(encodable(tracked.assigned, share, b.window));
+                }
+            }
+        }
+        (Quota::Divided { .. }, _) => leave(budgets, id, stream, tracked.ttl_until.max(now)),
+        _ => {}
+    }
+    if let Quota::Divided {
+        budget: b,
+        rule,
+        shadow,
+    } = &quota
+    {
+        budgets
+            .entry(id.to_owned())
+            .or_insert_with(|| Entry::new(*b, &tracked.domain, rule, *shadow, now))
+            .state
+            .report(stream, 0, 0, now);
+    }
+    tracked.quota = quota;
+    send.or_else(|| blanket(&tracked.quota))
 }

@@ -1,0 +1,195 @@
+//! A usage report: the stream's report rate, each bucket tracked (or refused past a cap),
+//! its usage counted in its budget, and the new buckets answered.
+
+use std::collections::HashMap;
+
+use super::{
+    Entry, Quotas, ReportSummary, State, StreamState, Tracked, Usage, blanket, bucket_key,
+};
+use crate::rlqs::bucket::Quota;
+use crate::rlqs::budget::StreamId;
+use crate::rlqs::outbox::{Action, Assigned};
+
+impl Quotas {
+    /// A usage report from `stream`: new buckets are answered at once.
+    pub async fn report(
+        &self,
+        stream: StreamId,
+        domain: &str,
+        usages: Vec<Usage>,
+    ) -> ReportSummary {
+        let now = self.now();
+        let (unclaimed, mut summary) = {
+            let mut state = self.state.lock();
+            self.record(&mut state, stream, domain, usages, now)
+        };
+        if !unclaimed.is_empty() {
+            summary.actions += self.claim_and_step(unclaimed, now).await;
+        }
+        summary
+    }
+
+    /// Applies a report; answers the budgets that need a first claim, and what it did.
+    fn record(
+        &self,
+        state: &mut State,
+        stream: StreamId,
+        domain: &str,
+        usages: Vec<Usage>,
+        now: f64,
+    ) -> (Vec<String>, ReportSummary) {
+        let mut summary = ReportSummary {
+            buckets: usages.len(),
+            ..ReportSummary::default()
+        };
+        let State {
+            policy,
+            streams,
+            budgets,
+            buckets,
+            ..
+        } = state;
+        let Some(s) = streams.get_mut(&stream) else {
+            return (Vec::new(), summary);
+        };
+        if !self.admit_report(s, now) {
+            summary.dropped = true;
+            return (Vec::new(), summary);
+        }
+        let ttl = self.ttl();
+        let mut fresh = Vec::new();
+        let mut touched = Vec::new();
+        for usage in &usages {
+            let key = match &usage.bucket {
+                Ok(key) => key,
+                Err(reason) => {
+                    self.rejected(reason.label());
+                    continue;
+                }
+            };
+            let id = bucket_key(domain, key);
+            if !s.buckets.contains_key(&id) {
+                if let Some(reason) = self.over_cap(s.buckets.len(), *buckets) {
+                    self.rejected(reason);
+                    s.outbox
+                        .push(key.clone(), Action::Assign(Assigned::DenyAll, ttl));
+                    self.count_assignment(Assigned::DenyAll);
+                    summary.actions += 1;
+                    continue;
+                }
+                let quota = Quota::of(policy, domain, key, self.limiter.options().shadow_mode);
+                let tracked = Tracked {
+                    domain: domain.to_owned(),
+                    bucket: key.clone(),
+                    quota,
+                    assigned: None,
+                    ttl_until: now,
+                    active_at: now,
+                };
+                s.buckets.insert(id.clone(), tracked);
+                *buckets += 1;
+                fresh.push(id.clone());
+            }
+            let tracked = s.buckets.get_mut(&id).expect("inserted");
+            if usage.allowed > 0 || usage.denied > 0 {
+                tracked.active_at = now;
+            }
+            if self.report_budget(budgets, stream, &id, tracked, usage, now) {
+                touched.push(id);
+            }
+        }
+        summary.new_buckets = fresh.len();
+        summary.actions += self.answer_new(s, &fresh, ttl, now);
+        if let Some(m) = &self.metrics {
+            m.buckets.set(*buckets as i64);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        let unclaimed = touched
+            .into_iter()
+            .filter(|k| budgets.get(k).is_some_and(|e| !e.shadow))
+            .collect();
+        (unclaimed, summary)
+    }
+
+    /// Answers the new buckets `fresh` of `s` that need no division (a blanket rule);
+    /// answers how many.
+    fn answer_new(&self, s: &mut StreamState, fresh: &[String], ttl: u64, now: f64) -> usize {
+        let mut answered = 0;
+        for id in fresh {
+            let tracked = s.buckets.get_mut(id).expect("tracked");
+            if let Some(assigned) = blanket(&tracked.quota) {
+                self.send(&s.outbox, tracked, assigned, ttl, now);
+                answered += 1;
+            }
+        }
+        answered
+    }
+
+    /// The stream's report rate limit: whether this report at `now` counts (a dropped one is
+    /// counted in the metrics).
+    fn admit_report(&self, s: &mut StreamState, now: f64) -> bool {
+        let (tokens, at) = s.reports;
+        let per_second = self.options.reports_per_second;
+        let tokens = (tokens + (now - at) * per_second).min(per_second);
+        let admitted = tokens >= 1.0;
+        s.reports = (if admitted { tokens - 1.0 } else { tokens }, now);
+        if let Some(m) = &self.metrics {
+            if admitted {
+                m.reports.inc();
+            } else {
+                m.reports_dropped.inc();
+            }
+        }
+        admitted
+    }
+
+    /// Why a new bucket is not tracked, with `on_stream` tracked on its stream and `total` on
+    /// all: the cap it would pass.
+    fn over_cap(&self, on_stream: usize, total: usize) -> Option<&'static str> {
+        if on_stream >= self.options.max_buckets_per_stream {
+            Some("over_stream_cap")
+        } else if total >= self.options.max_buckets {
+            Some("over_instance_cap")
+        } else {
+            None
+        }
+    }
+
+    /// A divided bucket's usage reaches its budget `id` (made on first sight); shadow mode
+    /// counts what it would have denied. Answers whether the stream waits for its first
+    /// share.
+    fn report_budget(
+        &self,
+        budgets: &mut HashMap<String, Entry>,
+        stream: StreamId,
+        id: &str,
+        tracked: &Tracked,
+        usage: &Usage,
+        now: f64,
+    ) -> bool {
+        let Quota::Divided {
+            rule,
+            budget,
+            shadow,
+        } = &tracked.quota
+        else {
+            return false;
+        };
+        let entry = budgets
+            .entry(id.to_owned())
+            .or_insert_with(|| Entry::new(*budget, &tracked.domain, rule, *shadow, now));
+        entry
+            .state
+            .report_seen(stream, usage.allowed, usage.denied, now, usage.first_sight);
+        if entry.shadow {
+            let over = entry.state.shadow_admitted(usage.allowed, now);
+            if let (Some(m), true) = (&self.metrics, over > 0) {
+                m.shadow_denied
+                    .with_label_values(&[&tracked.domain, &entry.rule])
+                    .inc_by(over);
+            }
+        }
+        entry.state.sent(stream).is_none()
+    }
+}
