@@ -1,6 +1,6 @@
 //! Serving state shared by the gRPC health service and the admin endpoints.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Whether the process accepts work: ready once the policy is loaded and servers are bound,
 /// not ready again from the moment it starts draining. With
@@ -18,6 +18,9 @@ pub struct Health {
     first: Gate,
     /// Whether `first` gates readiness too.
     first_gates_readiness: AtomicBool,
+    /// Seconds gRPC requests have waited for turns without a break, plus one (0: they do
+    /// not): readiness (not liveness) fails meanwhile.
+    busy: AtomicU64,
 }
 
 /// A condition readiness may require: waits while required and not met.
@@ -48,6 +51,7 @@ impl Default for Health {
             store: Gate::new(true),
             first: Gate::new(false),
             first_gates_readiness: AtomicBool::new(false),
+            busy: AtomicU64::new(0),
         }
     }
 }
@@ -101,6 +105,19 @@ impl Health {
 
     fn first_gates(&self) -> bool {
         self.first_gates_readiness.load(Ordering::SeqCst) && self.first.waits()
+    }
+
+    /// Records for how long gRPC requests have waited for turns (`GRPC_MAX_IN_FLIGHT`)
+    /// without a break, when long enough to matter; `None` when they do not wait.
+    pub fn set_busy(&self, seconds: Option<u64>) {
+        self.busy
+            .store(seconds.map_or(0, |s| s.saturating_add(1)), Ordering::SeqCst);
+    }
+
+    /// For how long every gRPC turn has been taken with requests waiting, if it is long
+    /// enough that readiness fails.
+    pub fn busy_for(&self) -> Option<u64> {
+        self.busy.load(Ordering::SeqCst).checked_sub(1)
     }
 
     /// Whether readiness waits for the store.

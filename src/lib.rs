@@ -18,7 +18,8 @@
 //!    - [`logging`]: the log subscriber and its options, and rate-limited log lines.
 //!    - [`metrics`]: the metrics kit (registration helpers, the exposition trait) and the
 //!      statsd exporter.
-//!    - [`net`]: listener plumbing: connection caps, TLS, the bounded HTTP server.
+//!    - [`net`]: listener plumbing: connection caps, TLS, the bounded HTTP server, the turns
+//!      of gRPC work shared fairly between connections.
 //!    - [`shutdown`]: signals, and the drain they start.
 //! 2. Counters
 //!    - [`store`]: the `Store` trait, the memory and Redis stores and what wraps them.

@@ -129,6 +129,13 @@ async fn healthcheck(State(state): State<AdminState>) -> Response {
 }
 
 async fn ready(State(state): State<AdminState>) -> Response {
+    if let Some(seconds) = state.health.busy_for() {
+        // Readiness only: liveness stays, a restart would not help a fleet short of turns.
+        let body = format!(
+            "not ready\nbusy: every gRPC request turn (GRPC_MAX_IN_FLIGHT) taken, with requests waiting, for {seconds} s\n"
+        );
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    }
     if state.health.is_serving() {
         // A full store still serves (evicting the counters it can best spare), but the
         // operator must see it: it means the cap is too small for the traffic.

@@ -20,8 +20,10 @@ use crate::clock::Clock;
 use crate::config::{self, ConfigError, LoadOptions};
 use crate::health::Health;
 use crate::limiter::Limiter;
+use crate::net::grpc::MessagesLayer;
 use crate::net::http;
 use crate::net::tls::ReloadingTls;
+use crate::net::turns::{TurnMetrics, Turns};
 use crate::rlqs::{Quotas, RlqsService};
 use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::Settings;
@@ -75,10 +77,18 @@ const GRPC_KEEPALIVE: (std::time::Duration, std::time::Duration) = (
     std::time::Duration::from_secs(20),
 );
 
-/// Concurrent streams per gRPC connection. Envoy multiplexes every request of a worker
-/// thread over one connection and opens another when a peer's limit is reached, so this
-/// only bounds what one client can pile up, far above what one connection carries.
-const GRPC_MAX_STREAMS: u32 = 1024;
+/// Concurrent streams per gRPC connection (`SETTINGS_MAX_CONCURRENT_STREAMS`), well below
+/// `GRPC_MAX_IN_FLIGHT`'s default: Envoy multiplexes every request of a worker thread over
+/// one connection and opens another when a peer's limit is reached, so this only bounds what
+/// one client can pile up (HTTP/2 asks for at least 100).
+const GRPC_MAX_STREAMS: u32 = 128;
+
+/// The gRPC calls that stream their messages for as long as they live: their messages have
+/// no deadline and are read one at a time (see [`MessagesLayer`]).
+const STREAMING_CALLS: &[&str] = &["/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/"];
+
+/// How long requests wait for turns without a break before `/ready` says the server is busy.
+const SATURATED_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The largest header list a gRPC request may have: above the 60 KiB Envoy itself accepts
 /// (its `max_request_headers_kb`), so nothing Envoy forwards is refused. HTTP/2 cannot refuse
@@ -94,6 +104,8 @@ pub struct Prepared {
     config: SharedConfigInfo,
     metrics: Arc<Metrics>,
     reset: Arc<admin::ResetAccess>,
+    /// The gRPC requests' turns (`GRPC_MAX_IN_FLIGHT`).
+    turns: Arc<Turns>,
     hurry: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
@@ -178,12 +190,20 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         settings.admin_reset.clone(),
         metrics.registry(),
     ));
+    let turns = Turns::new(
+        settings.grpc_max_in_flight,
+        Some(TurnMetrics::register(
+            metrics.registry(),
+            settings.grpc_max_in_flight,
+        )),
+    );
     Ok(Prepared {
         settings,
         limiter,
         config,
         metrics,
         reset,
+        turns,
         hurry: None,
     })
 }
@@ -280,6 +300,7 @@ impl Prepared {
                 .with_metrics(self.metrics.rlqs()),
         );
         spawn_quota_ticks(quotas.clone(), &drain);
+        spawn_turn_watch(self.turns.clone(), health.clone(), &drain);
         let mut rlqs = RlqsService::new(quotas.clone());
         if let Some(traces) = &traces {
             rlqs = rlqs.with_tracing(traces.clone());
@@ -403,10 +424,12 @@ impl Prepared {
             .initial_stream_window_size(Some(GRPC_STREAM_WINDOW))
             .initial_connection_window_size(Some(GRPC_CONNECTION_WINDOW))
             .layer(ClientFaultsLayer::new(Some(self.metrics.rls())))
-            // Requests wait for a turn before their message is read, so at most this many
-            // messages (of at most 4 MiB each) are held at once.
-            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
-                self.settings.grpc_max_in_flight,
+            // Each request tied to its connection, its message bounded in time and bytes; its
+            // turn of GRPC_MAX_IN_FLIGHT is taken once the message is in.
+            .layer(MessagesLayer::new(
+                self.turns.clone(),
+                self.settings.grpc_connections.handshake_timeout,
+                STREAMING_CALLS,
             ))
             .add_service(health_service)
             .add_service(rls.into_server())
@@ -533,6 +556,23 @@ fn spawn_quota_ticks(quotas: Arc<Quotas>, drain: &CancellationToken) {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => quotas.tick().await,
             }
+        }
+    });
+}
+
+/// Tells readiness, once a second until `drain`, whether requests have waited for turns
+/// without a break for [`SATURATED_AFTER`].
+fn spawn_turn_watch(turns: Arc<Turns>, health: Arc<Health>, drain: &CancellationToken) {
+    let stop = drain.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let busy = turns.saturated_for().filter(|t| *t >= SATURATED_AFTER);
+            health.set_busy(busy.map(|t| t.as_secs()));
         }
     });
 }

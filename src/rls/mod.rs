@@ -204,6 +204,11 @@ impl RateLimitService for RlsService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let deadline = grpc_timeout(request.metadata()).map(|t| tokio::time::Instant::now() + t);
+        // The message is in: a turn of GRPC_MAX_IN_FLIGHT, fairly between connections.
+        let _turn = match request.extensions().get::<Arc<crate::net::turns::Peer>>() {
+            Some(peer) => peer.turn().await,
+            None => None,
+        };
         let span = self.span(Method::ShouldRateLimit, request.metadata().as_ref());
         self.answer_counted("ShouldRateLimit", request.into_inner(), deadline, span)
             .await

@@ -53,6 +53,7 @@ mod server;
 mod statsd;
 mod store_contract;
 mod tracing;
+mod turns;
 mod usage_budgets;
 mod valkey;
 mod xds;

@@ -98,8 +98,9 @@ pub struct ListenArgs {
     #[arg(long, env = "GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
     grpc_handshake_timeout: Duration,
 
-    /// gRPC requests answered at once, over all connections; more wait their turn (this
-    /// bounds the memory of requests being decoded: each holds at most its 4 MiB message)
+    /// gRPC requests answered at once, over all connections, each taking its turn once its
+    /// message is in; more wait, and a freed turn goes to the waiting connection holding
+    /// the fewest
     #[arg(long, env = "GRPC_MAX_IN_FLIGHT", default_value = "1024", value_parser = parse_count::<NonZeroUsize>)]
     grpc_max_in_flight: NonZeroUsize,
 }

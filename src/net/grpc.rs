@@ -1,0 +1,214 @@
+//! What a gRPC request's message may cost before a handler sees it, for the gRPC server's
+//! routes:
+//!
+//! - every request is tied to its connection's [`Peer`] (in the request's extensions), which
+//!   handlers take their [`Turn`](super::turns::Turn) with once the message is in;
+//! - the message of a unary call must arrive whole within a deadline of its headers, or the
+//!   call ends with `DEADLINE_EXCEEDED`; a stream that sends headers and nothing else holds
+//!   a stream of its connection (at most `SETTINGS_MAX_CONCURRENT_STREAMS`) until then, and
+//!   nothing else;
+//! - the messages still arriving on one connection hold at most [`MAX_READING_BYTES`]: past
+//!   it, the next frame stays unread (HTTP/2 flow control then stops the sender) until a
+//!   message is in or its deadline ends it.
+//!
+//! Streaming calls (the paths given) read their messages one at a time for as long as they
+//! live, so neither bound applies to them.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body::{Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::{Bytes, http};
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+
+use super::turns::{MAX_READING_BYTES, Peer, Turns};
+
+/// Ties requests to their connection and bounds their messages (see the module docs).
+#[derive(Clone)]
+pub struct MessagesLayer {
+    turns: Arc<Turns>,
+    deadline: Duration,
+    streaming: &'static [&'static str],
+}
+
+impl MessagesLayer {
+    /// Requests of `turns`' connections, whose message must arrive within `deadline`, but
+    /// for the streaming calls under the path prefixes `streaming`.
+    pub fn new(turns: Arc<Turns>, deadline: Duration, streaming: &'static [&'static str]) -> Self {
+        Self {
+            turns,
+            deadline,
+            streaming,
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for MessagesLayer {
+    type Service = Messages<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Messages {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service [`MessagesLayer`] wraps around the gRPC routes.
+#[derive(Clone)]
+pub struct Messages<S> {
+    inner: S,
+    layer: MessagesLayer,
+}
+
+/// The remote address of the connection a request came on, if it has one.
+pub fn remote_addr<B>(request: &http::Request<B>) -> Option<std::net::SocketAddr> {
+    let extensions = request.extensions();
+    extensions
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|tls| tls.get_ref().remote_addr())
+        })
+}
+
+impl<S> tower::Service<http::Request<Body>> for Messages<S>
+where
+    S: tower::Service<http::Request<Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let peer = self.layer.turns.peer(remote_addr(&request));
+        let path = request.uri().path();
+        let streaming = self.layer.streaming.iter().any(|p| path.starts_with(p));
+        let mut request = if streaming {
+            request
+        } else {
+            let deadline = Instant::now() + self.layer.deadline;
+            let peer = peer.clone();
+            request.map(|inner| {
+                Body::new(Reading {
+                    inner,
+                    peer,
+                    held: 0,
+                    deadline,
+                    timer: None,
+                })
+            })
+        };
+        request.extensions_mut().insert(peer);
+        self.inner.call(request)
+    }
+}
+
+/// A unary call's body: its bytes count against its connection's, and it ends at its
+/// deadline if not whole by then.
+struct Reading {
+    inner: Body,
+    peer: Arc<Peer>,
+    /// Bytes read so far, counted in the peer's.
+    held: usize,
+    deadline: Instant,
+    /// Armed the first time the body waits.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl Reading {
+    /// Whether the connection has room for another frame of this body: under the bound, or
+    /// all of what it holds is this body's.
+    fn has_room(&self) -> bool {
+        let reading = self.peer.reading.load(Ordering::Acquire);
+        reading < MAX_READING_BYTES || reading <= self.held
+    }
+
+    /// Waiting: `Pending`, or the deadline's error once it has passed.
+    fn wait(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let deadline = self.deadline;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.release();
+        Poll::Ready(Some(Err(Status::deadline_exceeded(
+            "the request's message did not arrive whole in time",
+        ))))
+    }
+
+    fn release(&mut self) {
+        if self.held > 0 {
+            self.peer.reading.fetch_sub(self.held, Ordering::AcqRel);
+            self.held = 0;
+            self.peer.wake_readers();
+        }
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl http_body::Body for Reading {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        if !this.has_room() {
+            {
+                let mut readers = this.peer.readers.lock();
+                if !readers.iter().any(|w| w.will_wake(cx.waker())) {
+                    readers.push(cx.waker().clone());
+                }
+            }
+            // Room made between the check and the waker's registration is seen here.
+            if !this.has_room() {
+                return this.wait(cx);
+            }
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.held += data.len();
+                    this.peer.reading.fetch_add(data.len(), Ordering::AcqRel);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                this.release();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Pending => this.wait(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
