@@ -6,10 +6,14 @@
 //! - a handshake deadline: a connection must have sent its first [`FIRST_BYTES`] bytes (the
 //!   HTTP/2 client preface, or the start of an HTTP/1 request) within `handshake_timeout` of
 //!   being accepted, TLS handshake included, or its reads fail and the server drops it;
-//! - at most [`MAX_HANDSHAKING`] connections still in their handshake at once: past it, and
-//!   whenever `accept` fails for want of a file descriptor, the oldest of them is closed, so
-//!   a flood of connections that send nothing cycles through a bounded set of descriptors and
-//!   a fresh client is accepted within moments instead of after a handshake timeout;
+//! - at most [`MAX_HANDSHAKING`] connections still in their handshake at once: past it,
+//!   whenever `accept` fails for want of a file descriptor, and when a new connection comes
+//!   while `max_connections` are open, the oldest of them is closed, so a flood of
+//!   connections that send nothing cycles through a bounded set of descriptors and a fresh
+//!   client is accepted within moments instead of after a handshake timeout;
+//! - on the admin ports ([`Guarded::evictable_when_idle`]) a connection stays among those
+//!   that can be closed for as long as it is not answering a request (a slow request head,
+//!   an idle keep-alive), so silent or slow clients never keep a health check out;
 //! - TCP keepalive on every accepted socket, so connections to vanished peers end.
 //!
 //! Once the first bytes are in, reads go straight to the socket: the hot path pays one
@@ -18,6 +22,7 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -45,19 +50,43 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Most connections of one listener still in their handshake (TLS and the first bytes).
 pub const MAX_HANDSHAKING: usize = 256;
 
-/// The connections of one listener still in their handshake, oldest first, each with the
-/// token that closes it.
+/// The connections of one listener that may be closed to make room, oldest first, each
+/// with the token that closes it and the count of requests it is answering.
 #[derive(Default)]
 struct Handshaking {
     next: u64,
-    open: std::collections::BTreeMap<u64, CancellationToken>,
+    open: std::collections::BTreeMap<u64, (CancellationToken, Arc<AtomicUsize>)>,
 }
 
-/// A connection's place among those in their handshake: dropped when the handshake is over
-/// (or the connection is), cancelled when the listener needs the room.
+impl Handshaking {
+    /// Closes the oldest connection answering no request; whether there was one.
+    fn evict_oldest(&mut self) -> bool {
+        let oldest = self
+            .open
+            .iter()
+            .find(|(_, (_, busy))| busy.load(Ordering::Acquire) == 0)
+            .map(|(&id, _)| id);
+        let Some((token, _)) = oldest.and_then(|id| self.open.remove(&id)) else {
+            return false;
+        };
+        token.cancel();
+        true
+    }
+
+    /// Whether a connection answering no request can be closed.
+    fn any_idle(&self) -> bool {
+        self.open
+            .values()
+            .any(|(_, busy)| busy.load(Ordering::Acquire) == 0)
+    }
+}
+
+/// A connection's place among those that may be closed to make room: dropped when its
+/// handshake is over (or the connection is), cancelled when the listener needs the room.
 pub struct Ticket {
     id: u64,
     token: CancellationToken,
+    busy: Arc<AtomicUsize>,
     table: Arc<parking_lot::Mutex<Handshaking>>,
 }
 
@@ -65,6 +94,33 @@ impl Ticket {
     /// Resolves when the listener closes this connection to make room.
     pub fn evicted(&self) -> WaitForCancellationFutureOwned {
         self.token.clone().cancelled_owned()
+    }
+
+    /// The count of requests the connection is answering: while above zero it is not closed
+    /// to make room.
+    pub fn busy(&self) -> Busy {
+        Busy(self.busy.clone())
+    }
+}
+
+/// Counts the requests a connection is answering (see [`Ticket::busy`]).
+#[derive(Clone)]
+pub struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    /// One request more until the guard is dropped.
+    pub fn enter(&self) -> BusyGuard {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        BusyGuard(self.0.clone())
+    }
+}
+
+/// A request being answered.
+pub struct BusyGuard(Arc<AtomicUsize>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -116,48 +172,68 @@ impl Acceptor {
         }
     }
 
-    /// Closes the oldest connection still in its handshake; whether there was one.
+    /// Closes the oldest connection that may be closed; whether there was one.
     fn evict_oldest(&self) -> bool {
-        let oldest = self.handshaking.lock().open.pop_first();
-        oldest.map(|(_, token)| token.cancel()).is_some()
+        self.handshaking.lock().evict_oldest()
     }
 
-    /// A place among the connections in their handshake, making room if they are many.
+    /// A place among the connections that may be closed, making room if they are many.
     fn ticket(&self) -> Ticket {
         let mut table = self.handshaking.lock();
-        if table.open.len() >= MAX_HANDSHAKING
-            && let Some((_, oldest)) = table.open.pop_first()
-        {
-            oldest.cancel();
+        if table.open.len() >= MAX_HANDSHAKING {
+            table.evict_oldest();
         }
         let id = table.next;
         table.next += 1;
         let token = CancellationToken::new();
-        table.open.insert(id, token.clone());
+        let busy = Arc::new(AtomicUsize::new(0));
+        table.open.insert(id, (token.clone(), busy.clone()));
         Ticket {
             id,
             token,
+            busy,
             table: self.handshaking.clone(),
         }
     }
 
-    /// The next connection, once there is room for it. Accept errors (a peer that reset
-    /// while queued, no file descriptor left) are logged and waited out, never returned.
+    /// The next connection, once there is room for it: at the cap, a new connection closes
+    /// the oldest that may be closed (silent, slow or idle) and takes its place; when none
+    /// may, the listener waits for one to close. Accept errors (a peer that reset while
+    /// queued, no file descriptor left) are logged and waited out, never returned.
     pub async fn accept(&mut self) -> Accepted {
-        let permit = Arc::clone(&self.permits)
+        let free = Arc::clone(&self.permits).try_acquire_owned().ok();
+        let free = match free {
+            Some(permit) => Some(permit),
+            None if self.handshaking.lock().any_idle() => None,
+            None => Some(self.wait_for_room().await),
+        };
+        let stream = self.next_stream().await;
+        let permit = match free {
+            Some(permit) => permit,
+            None => {
+                self.evict_oldest();
+                self.wait_for_room().await
+            }
+        };
+        Accepted {
+            stream,
+            permit,
+            deadline: Instant::now() + self.handshake_timeout,
+            ticket: self.ticket(),
+        }
+    }
+
+    async fn wait_for_room(&self) -> OwnedSemaphorePermit {
+        Arc::clone(&self.permits)
             .acquire_owned()
             .await
-            .expect("the semaphore is never closed");
+            .expect("the semaphore is never closed")
+    }
+
+    async fn next_stream(&mut self) -> TcpStream {
         loop {
             match self.incoming.next().await {
-                Some(Ok(stream)) => {
-                    return Accepted {
-                        stream,
-                        permit,
-                        deadline: Instant::now() + self.handshake_timeout,
-                        ticket: self.ticket(),
-                    };
-                }
+                Some(Ok(stream)) => return stream,
                 Some(Err(e)) => {
                     // Out of file descriptors: the oldest silent connection makes room.
                     let no_descriptor = matches!(e.raw_os_error(), Some(23 | 24)); // ENFILE, EMFILE
@@ -231,6 +307,10 @@ pub struct Guarded<IO> {
     // Dropped before the permit: the socket is closed by the time its place is given on.
     io: IO,
     handshake: Option<Handshake>,
+    /// While the connection may be closed to make room: its place and what tells it.
+    eviction: Option<Eviction>,
+    /// Whether `eviction` outlives the handshake (the admin ports).
+    evictable_after_handshake: bool,
     /// When the connection is closed whatever it is doing (`GRPC_MAX_CONNECTION_AGE` plus its
     /// grace: the server asked it to go at the age).
     end_of_life: Option<Pin<Box<Sleep>>>,
@@ -240,6 +320,9 @@ pub struct Guarded<IO> {
 struct Handshake {
     deadline: Pin<Box<Sleep>>,
     missing: usize,
+}
+
+struct Eviction {
     evicted: Pin<Box<WaitForCancellationFutureOwned>>,
     _ticket: Ticket,
 }
@@ -253,12 +336,22 @@ impl<IO> Guarded<IO> {
             handshake: Some(Handshake {
                 deadline: Box::pin(tokio::time::sleep_until(deadline)),
                 missing: FIRST_BYTES,
+            }),
+            eviction: Some(Eviction {
                 evicted: Box::pin(ticket.evicted()),
                 _ticket: ticket,
             }),
+            evictable_after_handshake: false,
             end_of_life: None,
             _permit: permit,
         }
+    }
+
+    /// Keeps the connection among those that may be closed to make room after its
+    /// handshake too, while it answers no request (its ticket's [`Ticket::busy`] count).
+    pub fn evictable_when_idle(mut self) -> Self {
+        self.evictable_after_handshake = true;
+        self
     }
 
     /// Fails the connection's reads from `lifetime` after now on, if given.
@@ -288,6 +381,15 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
                     "connection past its maximum age and grace",
                 )));
             }
+            if read.is_pending()
+                && let Some(eviction) = &mut this.eviction
+                && eviction.evicted.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "closed while idle to make room for newer connections",
+                )));
+            }
             return read;
         };
         let before = buf.filled().len();
@@ -298,6 +400,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
                 // Done, or at end of stream (the server will close it anyway).
                 if handshake.missing == 0 || read == 0 {
                     this.handshake = None;
+                    if !this.evictable_after_handshake {
+                        this.eviction = None;
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
@@ -306,7 +411,12 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
                 io::Error::new(io::ErrorKind::TimedOut, "no handshake before the deadline"),
             )),
             // ...and when the listener needs the room.
-            Poll::Pending if handshake.evicted.as_mut().poll(cx).is_ready() => {
+            Poll::Pending
+                if this
+                    .eviction
+                    .as_mut()
+                    .is_some_and(|e| e.evicted.as_mut().poll(cx).is_ready()) =>
+            {
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "closed in its handshake to make room for newer connections",

@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 
 use axum::extract::ConnectInfo;
 
-use super::connection::{Acceptor, ConnectionLimits, Guarded};
+use super::connection::{Acceptor, Busy, ConnectionLimits, Guarded};
 
 /// The largest request body read (axum's own default limit for its body extractors).
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -67,24 +67,18 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let peer = accepted.stream.peer_addr().ok();
+        let busy = accepted.ticket.busy();
         // The deadline covers the bytes HTTP version detection waits for, which hyper's
-        // header timer does not.
+        // header timer does not. Until it answers a request, the connection may be closed
+        // to make room for a new one (a health check behind silent or slow clients).
         let io = Guarded::new(
             accepted.stream,
             accepted.permit,
             accepted.deadline,
             accepted.ticket,
-        );
-        // Handlers that log who asked (counter resets) read the peer's address.
-        let service = TowerToHyperService::new(tower::ServiceExt::map_request(
-            router.clone(),
-            move |mut request: axum::http::Request<_>| {
-                if let Some(peer) = peer {
-                    request.extensions_mut().insert(ConnectInfo(peer));
-                }
-                request
-            },
-        ));
+        )
+        .evictable_when_idle();
+        let service = TowerToHyperService::new(answering(router.clone(), busy, peer));
         let connection = builder
             .serve_connection(TokioIo::new(io), service)
             .into_owned();
@@ -99,6 +93,38 @@ pub async fn serve(
     // Stop accepting: new connections are refused from here on.
     drop(acceptor);
     graceful.shutdown().await;
+}
+
+/// `router` for one connection from `peer`, counting the requests it answers in `busy`.
+/// Handlers that log who asked (counter resets) read the peer's address.
+fn answering<B>(
+    router: Router,
+    busy: Busy,
+    peer: Option<std::net::SocketAddr>,
+) -> impl tower::Service<
+    axum::http::Request<B>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>>
+             + Send
+             + 'static,
+> + Clone
+where
+    B: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    tower::service_fn(move |mut request: axum::http::Request<B>| {
+        if let Some(peer) = peer {
+            request.extensions_mut().insert(ConnectInfo(peer));
+        }
+        let answering = busy.enter();
+        let answer = tower::ServiceExt::oneshot(router.clone(), request.map(axum::body::Body::new));
+        async move {
+            let response = answer.await;
+            drop(answering);
+            response
+        }
+    })
 }
 
 /// Reads the request's body whole, within `deadline` and [`MAX_BODY_BYTES`], before the

@@ -101,12 +101,26 @@ async fn slow_loris_clients_past_the_admin_cap_neither_stop_grpc_nor_keep_their_
     );
 }
 
+/// Connections answering a request are never closed to make room: past the cap, a new
+/// connection waits until one of them is through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_admin_cap_a_connection_waits_until_another_closes() {
+async fn past_the_admin_cap_of_busy_connections_a_connection_waits_until_another_closes() {
     let mut settings = settings("admin-cap");
     settings.admin_connections = limits(4, 60_000);
     let server = TestServer::start_with(settings).await;
-    let mut attack = stuck(server.http_addr, 4, b"G").await;
+    // Each a request whose body never comes: busy until the body deadline. The server's
+    // `100 Continue` says it is reading the body.
+    let head =
+        b"POST /json HTTP/1.1\r\nHost: s\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n";
+    let mut attack = stuck(server.http_addr, 4, head).await;
+    for stream in &mut attack {
+        let mut answer = [0u8; 25];
+        tokio::time::timeout(PATIENCE, stream.read_exact(&mut answer))
+            .await
+            .expect("no 100 Continue")
+            .unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 100 Continue"), "{answer:?}");
+    }
     let health = tokio::spawn(http_get(server.http_addr, "/healthcheck"));
     // Not answered while the cap is reached. A slow machine could only make this pass
     // wrongly, never fail wrongly.
@@ -117,6 +131,32 @@ async fn past_the_admin_cap_a_connection_waits_until_another_closes() {
         .await
         .expect("still waiting after a connection closed");
     assert_eq!(answer.unwrap().unwrap(), (200, "OK".into()));
+}
+
+/// The probe: past the admin cap, silent connections were each held for the header timeout
+/// while the rest queued, so a fresh `/healthcheck` waited 35-40 s. Silent, slow and idle
+/// connections now make room for a new one; here with a header timeout that outlasts the
+/// test, so only that can let the health check in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_slow_and_idle_admin_connections_past_the_cap_make_room_for_a_health_check() {
+    let mut settings = settings("admin-make-room");
+    settings.admin_connections = limits(8, 60_000);
+    let server = TestServer::start_with(settings).await;
+    let mut silent = stuck(server.http_addr, 12, b"").await;
+    let _slow = stuck(
+        server.http_addr,
+        12,
+        b"GET /healthcheck HTTP/1.1\r\nHost: slow\r\n",
+    )
+    .await;
+    for _ in 0..3 {
+        let health = tokio::time::timeout(PATIENCE, http_get(server.http_addr, "/healthcheck"))
+            .await
+            .expect("the health check was kept out");
+        assert_eq!(health.unwrap(), (200, "OK".into()));
+    }
+    // The oldest were closed to make room.
+    assert!(until_closed(&mut silent[0]).await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,6 +280,34 @@ async fn silent_grpc_connections_past_the_file_limit_make_room_for_a_fresh_clien
     // The oldest silent connections were closed to make room.
     until_closed(&mut silent[0]).await;
     grpc_answers(process.grpc.clone()).await;
+}
+
+/// The probe, scaled down: silent connections to the admin port past the process's file
+/// limit, with a header timeout of 2 s: a fresh `/healthcheck` is answered while they
+/// flood, and the descriptors they took are given back within a few timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_admin_connections_past_the_file_limit_keep_no_health_check_out() {
+    let dir = config_dir("admin-silent-flood", &[("c.yaml", CONFIG)]);
+    let args = ["--admin-header-timeout", "2s"];
+    let process = SluiceProcess::spawn_with_file_limit(&dir, &args, 128);
+    let silent = stuck(process.http.as_str(), 300, b"").await;
+    let addr = process.http.parse().unwrap();
+    let health = tokio::time::timeout(PATIENCE, http_get(addr, "/healthcheck"))
+        .await
+        .expect("the health check was kept out");
+    assert_eq!(health.unwrap(), (200, "OK".into()));
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", process.child.id()))
+            .unwrap()
+            .count()
+    };
+    crate::common::eventually_within(
+        Duration::from_secs(20),
+        "descriptors given back",
+        || async { fds() < 40 },
+    )
+    .await;
+    drop(silent);
 }
 
 /// On the admin port a declared body over the 2 MB bound is answered 413 at once, unread,
