@@ -212,3 +212,28 @@ impl http_body::Body for Reading {
         self.inner.size_hint()
     }
 }
+
+/// Prefix of the message tonic's protobuf codec gives a message it cannot decode.
+const UNDECODABLE: &str = "failed to decode Protobuf message";
+/// Prefix of the message tonic gives a message over `max_decoding_message_size`.
+const TOO_LARGE: &str = "Error, decoded message length too large";
+
+/// A transport error that is the client's fault, as gRPC's status code guide answers it:
+/// a message that does not decode (bad protobuf, a string that is not UTF-8, a truncated
+/// message) is `INVALID_ARGUMENT` naming `what` was malformed, one over the size limit
+/// `RESOURCE_EXHAUSTED`; with the kind to count it as (`invalid_request`,
+/// `request_too_large`). tonic answers them INTERNAL and OUT_OF_RANGE.
+pub fn client_fault(status: &Status, what: &str) -> Option<(Status, &'static str)> {
+    let message = status.message();
+    match status.code() {
+        tonic::Code::Internal if message.starts_with(UNDECODABLE) => Some((
+            Status::invalid_argument(format!("malformed {what}: {message}")),
+            "invalid_request",
+        )),
+        tonic::Code::OutOfRange if message.starts_with(TOO_LARGE) => Some((
+            Status::resource_exhausted(message.to_owned()),
+            "request_too_large",
+        )),
+        _ => None,
+    }
+}

@@ -18,6 +18,7 @@ pub struct RlqsMetrics {
     pub(super) demand: GaugeVec,
     pub(super) granted: GaugeVec,
     pub(super) shadow_denied: IntCounterVec,
+    pub(super) refused_reports: IntCounterVec,
 }
 
 impl RlqsMetrics {
@@ -88,6 +89,18 @@ impl RlqsMetrics {
                 "Requests a shadow-mode rule's budget would have denied (estimated from reports)",
                 &["domain", "rule"],
             ),
+            refused_reports: {
+                let refused = counter_vec(
+                    registry,
+                    "sluice_rlqs_reports_refused_total",
+                    "RLQS reports that ended their stream: invalid_request (the message does not decode), request_too_large (over 4 MiB)",
+                    &["reason"],
+                );
+                for reason in ["invalid_request", "request_too_large"] {
+                    refused.with_label_values(&[reason]);
+                }
+                refused
+            },
         }
     }
 }

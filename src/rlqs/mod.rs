@@ -101,10 +101,21 @@ impl RateLimitQuotaService for RlqsService {
         let mut inbound = request.into_inner();
         let quotas = self.quotas.clone();
         let tracing = self.tracing.clone();
+        // Why the stream ends, when it is the client's fault: the answers end with it.
+        let ending = Arc::new(parking_lot::Mutex::new(None::<Status>));
+        let fault = ending.clone();
         tokio::spawn(async move {
             // The stream's shares are released however this task ends.
             let _closing = Closing(quotas.clone(), id);
-            while let Ok(Some(reports)) = inbound.message().await {
+            loop {
+                let reports = match inbound.message().await {
+                    Ok(Some(reports)) => reports,
+                    Ok(None) => break,
+                    Err(status) => {
+                        refuse(&quotas, &status, &fault);
+                        break;
+                    }
+                };
                 let usages = reports
                     .bucket_quota_usages
                     .into_iter()
@@ -136,10 +147,14 @@ impl RateLimitQuotaService for RlqsService {
             }
         });
         let clock = self.quotas.clone();
-        let answers = futures_util::stream::unfold(outbox, move |outbox| {
+        let answers = futures_util::stream::unfold(Some(outbox), move |outbox| {
             let clock = clock.clone();
+            let ending = ending.clone();
             async move {
-                let actions = outbox.take(|| clock.now()).await?;
+                let Some(actions) = outbox.as_ref()?.take(|| clock.now()).await else {
+                    // Closed: a client's fault ends the answers with its status.
+                    return ending.lock().take().map(|status| (Err(status), None));
+                };
                 let response = RateLimitQuotaResponse {
                     bucket_action: actions.into_iter().map(|(b, a)| encode(&b, a)).collect(),
                 };
@@ -148,6 +163,24 @@ impl RateLimitQuotaService for RlqsService {
         });
         Ok(Response::new(Box::pin(answers)))
     }
+}
+
+/// A stream's read failed with `status`: when it is the client's fault (a report that does
+/// not decode, or is over the size limit), counted, logged (at most once per 10 s) and kept
+/// in `ending` for the answers to end with; otherwise (the client went away) nothing.
+fn refuse(quotas: &Quotas, status: &Status, ending: &parking_lot::Mutex<Option<Status>>) {
+    let Some((refusal, kind)) =
+        crate::net::grpc::client_fault(status, "RateLimitQuotaUsageReports")
+    else {
+        return;
+    };
+    quotas.refused_report(kind);
+    static LOGGED: crate::logging::Every =
+        crate::logging::Every::new(std::time::Duration::from_secs(10));
+    if LOGGED.ready() {
+        tracing::warn!(error = %refusal.message(), "RLQS report refused: the stream ends");
+    }
+    *ending.lock() = Some(refusal);
 }
 
 /// Closes a stream in [`Quotas`] when dropped.

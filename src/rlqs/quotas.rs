@@ -157,6 +157,14 @@ impl Quotas {
         self
     }
 
+    /// Counts a report that ended its stream as the client's fault, of `kind`
+    /// (`invalid_request`, `request_too_large`).
+    pub fn refused_report(&self, kind: &str) {
+        if let Some(m) = &self.metrics {
+            m.refused_reports.with_label_values(&[kind]).inc();
+        }
+    }
+
     /// The options in force.
     pub fn options(&self) -> &RlqsOptions {
         &self.options

@@ -10,15 +10,10 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tonic::Status;
 use tonic::codegen::http;
-use tonic::{Code, Status};
 
 use super::RlsMetrics;
-
-/// Prefix of the message tonic's protobuf codec gives a message it cannot decode.
-const UNDECODABLE: &str = "failed to decode Protobuf message";
-/// Prefix of the message tonic gives a message over `max_decoding_message_size`.
-const TOO_LARGE: &str = "Error, decoded message length too large";
 
 /// Remaps the transport's decode errors (see the module docs).
 #[derive(Clone, Default)]
@@ -87,23 +82,13 @@ where
 
 /// The client-fault status for a transport error, and its error kind; `None` for any other.
 fn remap(status: &Status) -> Option<(Status, &'static str)> {
-    let message = status.message();
-    match status.code() {
-        Code::Internal if message.starts_with(UNDECODABLE) => Some((
-            Status::invalid_argument(format!("malformed RateLimitRequest: {message}")),
-            "invalid_request",
-        )),
-        Code::OutOfRange if message.starts_with(TOO_LARGE) => Some((
-            Status::resource_exhausted(message.to_owned()),
-            "request_too_large",
-        )),
-        _ => None,
-    }
+    crate::net::grpc::client_fault(status, "RateLimitRequest")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::Code;
 
     #[test]
     fn decode_errors_become_client_faults_and_nothing_else_changes() {

@@ -279,3 +279,64 @@ async fn open_streams_take_no_turn_from_rate_limit_requests() {
         .expect("answered while the streams are open");
     assert!(d.is_ok());
 }
+
+/// A report whose domain holds bytes that are not UTF-8: what Envoy never sends.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawReports {
+    #[prost(bytes = "vec", tag = "1")]
+    domain: Vec<u8>,
+}
+
+/// The probe: a report that does not decode was dropped silently (the stream just ended,
+/// OK), while the limits page promised INVALID_ARGUMENT.
+#[tokio::test]
+async fn a_report_that_does_not_decode_ends_the_stream_with_invalid_argument() {
+    let sluice = TestServer::start_with(server(|_| {})).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", sluice.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let (send, receive) = tokio::sync::mpsc::channel(1);
+    send.send(RawReports {
+        domain: vec![b'r', 0xff, 0xfe],
+    })
+    .await
+    .unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+    );
+    let codec = tonic_prost::ProstCodec::<RawReports, RateLimitQuotaResponse>::default();
+    let mut answers = grpc
+        .streaming(tonic::Request::new(tokio_stream_of(receive)), path, codec)
+        .await
+        .unwrap()
+        .into_inner();
+    let end = tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .expect("the stream did not end");
+    let status = end.expect_err("the stream ends with an error");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("malformed RateLimitQuotaUsageReports"),
+        "{status:?}"
+    );
+    assert_eq!(
+        metric::<u64>(
+            &metrics(&sluice).await,
+            "sluice_rlqs_reports_refused_total{reason=\"invalid_request\"}"
+        ),
+        Some(1)
+    );
+    drop(send);
+}
+
+fn tokio_stream_of<T: Send + 'static>(
+    receive: tokio::sync::mpsc::Receiver<T>,
+) -> tonic::codegen::tokio_stream::wrappers::ReceiverStream<T> {
+    tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(receive)
+}
