@@ -11,12 +11,14 @@
 //! - `quotas`: every stream and budget of the instance, the tick and claims;
 //!   `quotas/report.rs` a usage report, `quotas/lifecycle.rs` renewals, abandons, reloads and
 //!   the drain, `quotas/view.rs` the gauges, a bucket explained and the `/rlconfig` lines;
-//! - `outbox`: what waits to be sent on a stream.
+//! - `outbox`: what waits to be sent on a stream;
+//! - `pace`: how many bucket usages a stream and the instance work through a second.
 
 mod bucket;
 mod budget;
 mod metrics;
 mod outbox;
+mod pace;
 mod quotas;
 mod share;
 
@@ -59,6 +61,8 @@ pub const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Clone)]
 pub struct RlqsService {
     quotas: Arc<Quotas>,
+    /// The instance's pace of work over all streams.
+    pace: Arc<parking_lot::Mutex<pace::Pace>>,
     /// A span per report, when tracing is on.
     tracing: Option<Arc<Tracing>>,
 }
@@ -68,6 +72,10 @@ impl RlqsService {
     pub fn new(quotas: Arc<Quotas>) -> Self {
         Self {
             quotas,
+            pace: Arc::new(parking_lot::Mutex::new(pace::Pace::new(
+                pace::USAGES_PER_SECOND,
+                pace::USAGES_PER_SECOND,
+            ))),
             tracing: None,
         }
     }
@@ -104,6 +112,10 @@ impl RateLimitQuotaService for RlqsService {
         // Why the stream ends, when it is the client's fault: the answers end with it.
         let ending = Arc::new(parking_lot::Mutex::new(None::<Status>));
         let fault = ending.clone();
+        let instance_pace = self.pace.clone();
+        // A stream works through at most a full report (its bucket cap) a second.
+        let cap = self.quotas.options().max_buckets_per_stream;
+        let mut stream_pace = pace::Pace::new(cap as f64, cap as f64);
         tokio::spawn(async move {
             // The stream's shares are released however this task ends.
             let _closing = Closing(quotas.clone(), id);
@@ -116,9 +128,18 @@ impl RateLimitQuotaService for RlqsService {
                         break;
                     }
                 };
+                // Past the stream's cap nothing is tracked: counted, not looked at.
+                let listed = reports.bucket_quota_usages.len();
+                quotas.rejected_past_stream_cap(listed.saturating_sub(cap));
+                // Paid before the work: the stream is not read while in debt.
+                let units = listed.min(cap).max(1) as f64;
+                tokio::time::sleep(stream_pace.spend(units)).await;
+                let wait = instance_pace.lock().spend(units);
+                tokio::time::sleep(wait).await;
                 let usages = reports
                     .bucket_quota_usages
                     .into_iter()
+                    .take(cap)
                     .map(|u| Usage {
                         bucket: u
                             .bucket_id

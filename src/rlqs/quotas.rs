@@ -361,6 +361,17 @@ impl Quotas {
         self.observe(&state);
     }
 
+    /// Counts `n` usages of one report past the stream's bucket cap, skipped unread.
+    pub fn rejected_past_stream_cap(&self, n: usize) {
+        if n > 0
+            && let Some(m) = &self.metrics
+        {
+            m.rejected
+                .with_label_values(&["over_stream_cap"])
+                .inc_by(n as u64);
+        }
+    }
+
     fn rejected(&self, reason: &str) {
         if let Some(m) = &self.metrics {
             m.rejected.with_label_values(&[reason]).inc();
