@@ -264,7 +264,8 @@ pub fn incoming(
             accepted.deadline,
             accepted.ticket,
         )
-        .living(lifetime);
+        .living(lifetime)
+        .stalling_after(limits.handshake_timeout);
         tx.send(Ok(guarded)).await.is_ok()
     })
 }
@@ -311,6 +312,10 @@ pub struct Guarded<IO> {
     eviction: Option<Eviction>,
     /// Whether `eviction` outlives the handshake (the admin ports).
     evictable_after_handshake: bool,
+    /// How long a write may wait for the peer to read, if bounded; and the timer of the
+    /// write waiting now.
+    stall_limit: Option<Duration>,
+    stalled: Option<Pin<Box<Sleep>>>,
     /// When the connection is closed whatever it is doing (`GRPC_MAX_CONNECTION_AGE` plus its
     /// grace: the server asked it to go at the age).
     end_of_life: Option<Pin<Box<Sleep>>>,
@@ -342,6 +347,8 @@ impl<IO> Guarded<IO> {
                 _ticket: ticket,
             }),
             evictable_after_handshake: false,
+            stall_limit: None,
+            stalled: None,
             end_of_life: None,
             _permit: permit,
         }
@@ -352,6 +359,38 @@ impl<IO> Guarded<IO> {
     pub fn evictable_when_idle(mut self) -> Self {
         self.evictable_after_handshake = true;
         self
+    }
+
+    /// Fails the connection's writes once one has waited `limit` for the peer to read (a
+    /// client that never reads its answers holds them, and the connection, no longer).
+    pub fn stalling_after(mut self, limit: Duration) -> Self {
+        self.stall_limit = Some(limit);
+        self
+    }
+
+    /// A write's outcome, or its failure once it has waited past the stall limit.
+    fn unless_stalled<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if written.is_ready() {
+            self.stalled = None;
+            return written;
+        }
+        let Some(limit) = self.stall_limit else {
+            return written;
+        };
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the peer read nothing of what was sent for the write deadline",
+            )));
+        }
+        Poll::Pending
     }
 
     /// Fails the connection's reads from `lifetime` after now on, if given.
@@ -433,7 +472,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.unless_stalled(cx, written)
     }
 
     fn poll_write_vectored(
@@ -441,7 +482,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.unless_stalled(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -449,7 +492,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let flushed = Pin::new(&mut this.io).poll_flush(cx);
+        this.unless_stalled(cx, flushed)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -77,7 +77,8 @@ pub async fn serve(
             accepted.deadline,
             accepted.ticket,
         )
-        .evictable_when_idle();
+        .evictable_when_idle()
+        .stalling_after(limits.handshake_timeout);
         let service = TowerToHyperService::new(answering(router.clone(), busy, peer));
         let connection = builder
             .serve_connection(TokioIo::new(io), service)

@@ -254,7 +254,8 @@ pub fn incoming(
                         accepted.deadline,
                         accepted.ticket,
                     )
-                    .living(rest);
+                    .living(rest)
+                    .stalling_after(limits.handshake_timeout);
                     let _ = tx.send(Ok(guarded)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),

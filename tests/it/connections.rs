@@ -310,6 +310,39 @@ async fn silent_admin_connections_past_the_file_limit_keep_no_health_check_out()
     drop(silent);
 }
 
+/// A client that pipelines requests and never reads the answers holds its connection (and
+/// the answers waiting in it) only until a write has waited the header timeout for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_client_that_never_reads_its_answers_is_closed_at_the_write_deadline() {
+    let dir = config_dir("admin-unread", &[("c.yaml", CONFIG)]);
+    let args = ["--admin-header-timeout", "1s"];
+    let process = SluiceProcess::spawn(&dir, &args);
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", process.child.id()))
+            .unwrap()
+            .count()
+    };
+    let quiet = fds();
+    let mut stream = TcpStream::connect(process.http.as_str()).await.unwrap();
+    // Far more answers than the socket buffers hold.
+    let requests = "GET /metrics HTTP/1.1\r\nHost: s\r\n\r\n".repeat(4_000);
+    stream.write_all(requests.as_bytes()).await.unwrap();
+    let mut first = [0u8; 12];
+    stream.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    assert!(fds() > quiet, "the connection is open");
+    crate::common::eventually_within(Duration::from_secs(20), "the connection closed", || async {
+        fds() <= quiet
+    })
+    .await;
+    let addr = process.http.parse().unwrap();
+    assert_eq!(
+        http_get(addr, "/healthcheck").await.unwrap(),
+        (200, "OK".into())
+    );
+    drop(stream);
+}
+
 /// On the admin port a declared body over the 2 MB bound is answered 413 at once, unread,
 /// and a body that trickles is cut off at the header timeout with 408.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

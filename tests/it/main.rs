@@ -47,6 +47,7 @@ mod reference_limiter;
 mod reference_service;
 mod reload;
 mod rlqs_admin;
+mod rlqs_buffers;
 mod rlqs_claims;
 mod rlqs_hostile;
 mod server;
