@@ -244,7 +244,7 @@ fn rlqs(c: &mut Criterion) {
         ..RlqsOptions::default()
     };
     let quotas = Quotas::new(limiter, options);
-    let (stream, _outbox) = quotas.open().unwrap();
+    let (stream, _outbox) = quotas.open(0).unwrap();
     // Bucket ids as they come off the wire, made canonical in the measured part as the
     // service does (the protobuf decoding itself is not measured).
     let ids: Vec<std::collections::HashMap<String, String>> = (0..1000)

@@ -16,6 +16,10 @@
 //!    bound of the tokens the fleet could still admit within the bound and does not hold.
 //! 3. **Holdings outlive streams.** A closed stream's shares stay counted until the TTL of
 //!    what its Envoy was last sent (Envoy keeps enforcing it until then).
+//!
+//! The division is by peer, not by stream: the streams of one peer (one client address)
+//! count as one Envoy, whose demand is at most the budget, so a client that opens many
+//! streams gets what one Envoy would, split among its streams.
 
 use std::collections::HashMap;
 
@@ -23,6 +27,10 @@ use super::share::{Budget, Share, divide};
 
 /// A stream's number on this instance.
 pub type StreamId = u64;
+
+/// The peer a stream came from: its client's address, as an IPv6 address (IPv4 mapped) in
+/// a number; 0 for a unix socket.
+pub type PeerId = u128;
 
 /// How long after its delivery a lowered share is still counted at its old value: the time
 /// the message may take to reach Envoy and be applied.
@@ -39,6 +47,8 @@ pub const REPORT_INTERVAL: f64 = 5.0;
 /// What one Envoy (one stream) holds of the budget.
 #[derive(Debug, Clone)]
 pub struct Holding {
+    /// The peer of the stream.
+    peer: PeerId,
     /// What the Envoy was last sent: `None` before the first assignment; an empty share is
     /// DENY_ALL.
     sent: Option<Share>,
@@ -80,9 +90,11 @@ pub struct BudgetState {
     ghosts: Vec<(Share, f64)>,
     /// The tokens a shadow-mode budget would have now (what it would have denied is counted).
     shadow_tokens: (f64, f64),
-    /// The other instances' demand (requests per window) and number, from the last claim.
+    /// The other instances' demand (requests per window), number and peers, from the last
+    /// claim.
     pub others_demand: f64,
     pub others: u64,
+    pub others_peers: u64,
 }
 
 impl BudgetState {
@@ -99,6 +111,7 @@ impl BudgetState {
             shadow_tokens: (budget.burst as f64, now),
             others_demand: 0.0,
             others: 0,
+            others_peers: 0,
         }
     }
 
@@ -109,14 +122,38 @@ impl BudgetState {
         self.reserve = if fresh { claim.burst as f64 } else { 0.0 };
     }
 
-    /// What this instance should hold of `total` for its demand `mine`, against the other
-    /// instances' demand (each counted at one request per window at least).
-    pub fn fair_want(&self, total: u64, mine: f64) -> u64 {
+    /// What this instance should hold of `total`: its peers' max-min fair part among every
+    /// peer of the fleet, the other instances' peers counted as equal (each other instance
+    /// as one peer at least); what nobody asks for is spread by the number of peers.
+    pub fn fair_want(&self, total: u64) -> u64 {
         if self.others == 0 {
             return total;
         }
-        let part = (mine + 1.0) / (mine + self.others_demand + 1.0 + self.others as f64);
-        ((total as f64 * part).round() as u64).min(total)
+        let mine: Vec<f64> = self.peer_demands().into_iter().map(|(_, d)| d).collect();
+        let others = self.others_peers.max(self.others) as f64;
+        let part = fair_part(total as f64, &mine, self.others_demand.max(0.0), others);
+        (part.round() as u64).min(total)
+    }
+
+    /// Each peer's demand (its streams' together, at most the budget), by peer.
+    pub fn peer_demands(&self) -> Vec<(PeerId, f64)> {
+        let mut peers: Vec<(PeerId, f64)> = Vec::new();
+        for h in self.holdings.values() {
+            let demand = h.demand.unwrap_or(0.0);
+            match peers.iter_mut().find(|(p, _)| *p == h.peer) {
+                Some((_, d)) => *d += demand,
+                None => peers.push((h.peer, demand)),
+            }
+        }
+        let cap = self.budget.rate as f64;
+        peers.iter_mut().for_each(|(_, d)| *d = d.min(cap));
+        peers.sort_unstable_by_key(|(p, _)| *p);
+        peers
+    }
+
+    /// The peers holding (or about to hold) a share.
+    pub fn peers(&self) -> usize {
+        self.peer_demands().len()
     }
 
     /// Number of streams holding (or about to hold) a share.
@@ -150,9 +187,10 @@ impl BudgetState {
         sum
     }
 
-    /// The demand of this instance's Envoys, in requests per window.
+    /// The demand of this instance's Envoys, in requests per window: each peer's at most
+    /// the budget.
     pub fn demand(&self) -> f64 {
-        self.holdings.values().filter_map(|h| h.demand).sum()
+        self.peer_demands().into_iter().map(|(_, d)| d).sum()
     }
 
     /// Each stream's last share (`None` before its first) and demand, by stream.
@@ -175,13 +213,13 @@ impl BudgetState {
     /// its last report, received at `now`; `first_sight`: Envoy's immediate report of a
     /// bucket it has just seen (`time_elapsed` 0), not a report after a reconnect.
     pub fn report(&mut self, stream: StreamId, allowed: u64, denied: u64, now: f64) {
-        self.report_seen(stream, allowed, denied, now, true);
+        self.report_seen((stream, PeerId::from(stream)), allowed, denied, now, true);
     }
 
     /// [`BudgetState::report`], saying whether it is the Envoy's first sight of the bucket.
     pub fn report_seen(
         &mut self,
-        stream: StreamId,
+        (stream, peer): (StreamId, PeerId),
         allowed: u64,
         denied: u64,
         now: f64,
@@ -189,6 +227,7 @@ impl BudgetState {
     ) {
         let window = self.budget.window as f64;
         let h = self.holdings.entry(stream).or_insert_with(|| Holding {
+            peer,
             sent: None,
             counted: Share::default(),
             lowered_at: None,
@@ -264,25 +303,30 @@ impl BudgetState {
 
     /// Each stream's target share, by stream: what this instance divides (its claim, or less
     /// when its fair part of the fleet's budget is smaller; the claim follows once the Envoys
-    /// hold less), by demand.
+    /// hold less), by demand among peers, then each peer's among its streams.
     fn targets(&self) -> Vec<(StreamId, Share)> {
-        let mut streams: Vec<StreamId> = self.holdings.keys().copied().collect();
-        streams.sort_unstable();
-        let demands: Vec<f64> = streams
-            .iter()
-            .map(|s| self.holdings[s].demand.unwrap_or(0.0))
-            .collect();
-        let fair = self.fair_want(self.budget.rate, self.demand());
+        let fair = self.fair_want(self.budget.rate);
         let part = self
             .budget
             .share_of(self.claim.rate.min(fair))
             .min(self.claim);
-        let rates = divide(part.rate, &demands);
-        streams
-            .into_iter()
-            .zip(rates)
-            .map(|(s, rate)| (s, self.budget.share_of(rate).min(part)))
-            .collect()
+        let peers = self.peer_demands();
+        let demands: Vec<f64> = peers.iter().map(|(_, d)| *d).collect();
+        let mut targets = Vec::with_capacity(self.holdings.len());
+        for ((peer, _), rate) in peers.iter().zip(divide(part.rate, &demands)) {
+            let mut streams: Vec<(StreamId, f64)> = self
+                .holdings
+                .iter()
+                .filter(|(_, h)| h.peer == *peer)
+                .map(|(s, h)| (*s, h.demand.unwrap_or(0.0)))
+                .collect();
+            streams.sort_unstable_by_key(|(s, _)| *s);
+            let demands: Vec<f64> = streams.iter().map(|(_, d)| *d).collect();
+            for ((stream, _), rate) in streams.iter().zip(divide(rate, &demands)) {
+                targets.push((*stream, self.budget.share_of(rate).min(part)));
+            }
+        }
+        targets
     }
 
     /// Rule 1, first half: lowers whatever is above its target (counted at its old value
@@ -377,6 +421,32 @@ impl BudgetState {
         self.shadow_tokens = ((tokens - allowed as f64).max(0.0), now);
         over.ceil() as u64
     }
+}
+
+/// The part of `total` (tokens per window) max-min fair for peers of demands `mine` among
+/// them and `others` more peers of `others_demand` together, counted as equal: the water
+/// level `L` where every peer gets `min(demand, L)` and the parts add up to `total`; when
+/// every demand is met, what is left is spread by the number of peers.
+fn fair_part(total: f64, mine: &[f64], others_demand: f64, others: f64) -> f64 {
+    let level = |l: f64| -> f64 {
+        mine.iter().map(|d| d.min(l)).sum::<f64>() + others_demand.min(others * l)
+    };
+    let asked: f64 = mine.iter().sum();
+    if asked + others_demand <= total {
+        let spare = total - asked - others_demand;
+        let k = mine.len().max(1) as f64;
+        return asked + spare * k / (k + others);
+    }
+    let (mut low, mut high) = (0.0, total);
+    for _ in 0..64 {
+        let mid = (low + high) / 2.0;
+        if level(mid) < total {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    mine.iter().map(|d| d.min(high)).sum()
 }
 
 /// The tokens a bucket of capacity `burst` starts with beyond what `sent` (holding

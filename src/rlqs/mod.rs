@@ -104,7 +104,7 @@ impl RateLimitQuotaService for RlqsService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
-        let (id, outbox) = self.quotas.open()?;
+        let (id, outbox) = self.quotas.open(peer_of(&request))?;
         let headers = request.metadata().clone().into_headers();
         let mut inbound = request.into_inner();
         let quotas = self.quotas.clone();
@@ -202,6 +202,21 @@ fn refuse(quotas: &Quotas, status: &Status, ending: &parking_lot::Mutex<Option<S
         tracing::warn!(error = %refusal.message(), "RLQS report refused: the stream ends");
     }
     *ending.lock() = Some(refusal);
+}
+
+/// The peer a stream comes from: its client's address (IPv4 mapped into IPv6), not its port
+/// or connection, which a client multiplies at will; 0 for a unix socket. Not the client
+/// certificate under mutual TLS either: Envoys commonly share one, and would then share one
+/// part of every budget.
+fn peer_of<T>(request: &Request<T>) -> budget::PeerId {
+    let Some(addr) = request.remote_addr() else {
+        return 0;
+    };
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
+    u128::from(ip)
 }
 
 /// Closes a stream in [`Quotas`] when dropped.

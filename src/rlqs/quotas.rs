@@ -13,7 +13,7 @@ use crate::policy::Policy;
 use crate::store::{ClaimAsk, ClaimGrant};
 
 use super::bucket::{BucketKey, Quota, Rejected};
-use super::budget::{BudgetState, StreamId};
+use super::budget::{BudgetState, PeerId, StreamId};
 use super::metrics::RlqsMetrics;
 use super::outbox::{Action, Assigned, Outbox};
 use super::share::{Budget, Share};
@@ -113,6 +113,8 @@ impl Entry {
 
 struct StreamState {
     outbox: Arc<Outbox>,
+    /// Where the stream came from: its peer's streams count as one Envoy.
+    peer: PeerId,
     /// By [`bucket_key`] (the budget's key too, when divided).
     buckets: HashMap<String, Tracked>,
     /// The report rate limit: tokens and when they were counted.
@@ -179,8 +181,8 @@ impl Quotas {
         self.options.assignment_ttl.as_secs().max(1)
     }
 
-    /// A new stream, or why not.
-    pub fn open(&self) -> Result<(StreamId, Arc<Outbox>), tonic::Status> {
+    /// A new stream from `peer`, or why not.
+    pub fn open(&self, peer: PeerId) -> Result<(StreamId, Arc<Outbox>), tonic::Status> {
         let mut state = self.state.lock();
         if state.draining {
             return Err(tonic::Status::unavailable("shutting down"));
@@ -197,6 +199,7 @@ impl Quotas {
             id,
             StreamState {
                 outbox: outbox.clone(),
+                peer,
                 buckets: HashMap::new(),
                 reports: (self.options.reports_per_second, self.now()),
             },
@@ -261,14 +264,14 @@ impl Quotas {
     /// The claim this instance asks for `entry`: what it holds, or more for its demand.
     fn ask(&self, key: &str, entry: &Entry) -> ClaimAsk {
         let total = entry.state.budget.rate;
-        let mine = entry.state.demand();
         let held = entry.state.held().rate;
         ClaimAsk {
             key: key.to_owned(),
             instance: self.options.instance.clone(),
             total,
-            want: held.max(entry.state.fair_want(total, mine)),
-            demand: mine,
+            want: held.max(entry.state.fair_want(total)),
+            demand: entry.state.demand(),
+            peers: entry.state.peers() as u64,
             ttl: self.claim_ttl(),
         }
     }
@@ -341,7 +344,7 @@ impl Quotas {
                         .state
                         .held()
                         .rate
-                        .max(e.state.fair_want(e.state.budget.rate, e.state.demand()));
+                        .max(e.state.fair_want(e.state.budget.rate));
                     !e.claimed || now >= e.claim_due || ask_rate != e.state.claim().rate
                 })
                 .map(|(k, e)| self.ask(k, e))
@@ -451,6 +454,7 @@ fn apply_grants(state: &mut State, asks: &[ClaimAsk], grants: Option<Vec<ClaimGr
         }
         entry.state.others_demand = grant.others_demand;
         entry.state.others = grant.others;
+        entry.state.others_peers = grant.others_peers;
         entry.claim_due = now + CLAIM_REFRESH;
     }
 }

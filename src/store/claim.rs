@@ -19,6 +19,8 @@ pub struct ClaimAsk {
     pub want: u64,
     /// The demand behind it, requests per window.
     pub demand: f64,
+    /// The peers (Envoys) behind it.
+    pub peers: u64,
     /// How long the claim holds without renewal.
     pub ttl: Duration,
 }
@@ -32,6 +34,8 @@ pub struct ClaimGrant {
     pub others_demand: f64,
     /// The other instances holding a claim.
     pub others: u64,
+    /// The other instances' peers (each instance that does not say counted as one).
+    pub others_peers: u64,
     /// What the others hold.
     pub others_hold: u64,
 }
@@ -43,6 +47,7 @@ impl ClaimGrant {
             granted: ask.want.min(ask.total),
             others_demand: 0.0,
             others: 0,
+            others_peers: 0,
             others_hold: 0,
         }
     }

@@ -15,6 +15,7 @@ fn ask(instance: &str, want: u64, ttl_ms: u64) -> ClaimAsk {
         total: 10,
         want,
         demand: 7.5,
+        peers: 3,
         ttl: Duration::from_millis(ttl_ms),
     }
 }
@@ -30,6 +31,7 @@ async fn claims_add_up(store: &RedisStore) {
         "{two:?}"
     );
     assert_eq!(two.others_demand, 7.5);
+    assert_eq!(two.others_peers, 3, "the peers behind the other claim");
     // One lowers its claim: the other may take what it left.
     let one = store.claim(&[ask("one", 5, 60_000)]).await.unwrap()[0];
     assert_eq!((one.granted, one.others_hold), (5, 0));
@@ -42,7 +44,11 @@ async fn claims_add_up(store: &RedisStore) {
     assert_eq!(short.granted, 5);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let two = store.claim(&[ask("two", 10, 60_000)]).await.unwrap()[0];
-    assert_eq!((two.granted, two.others), (10, 0), "{two:?}");
+    assert_eq!(
+        (two.granted, two.others, two.others_peers),
+        (10, 0, 0),
+        "{two:?}"
+    );
 }
 
 #[tokio::test]

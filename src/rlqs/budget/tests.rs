@@ -226,7 +226,7 @@ fn a_closed_streams_share_is_counted_until_its_ttl() {
     state.leave(1, 20.0);
     // A newcomer is told DENY_ALL; an Envoy that reconnected is left to what it holds.
     state.report(2, 1, 0, 1.0);
-    state.report_seen(3, 1, 0, 1.0, false);
+    state.report_seen((3, 3), 1, 0, 1.0, false);
     let changes = state.step(1.0, &|_| Some(1.0));
     assert_eq!(
         changes,

@@ -7,7 +7,7 @@ use super::{
     Entry, Quotas, ReportSummary, State, StreamState, Tracked, Usage, blanket, bucket_key,
 };
 use crate::rlqs::bucket::Quota;
-use crate::rlqs::budget::StreamId;
+use crate::rlqs::budget::{PeerId, StreamId};
 use crate::rlqs::outbox::{Action, Assigned};
 
 impl Quotas {
@@ -94,7 +94,7 @@ impl Quotas {
             if usage.allowed > 0 || usage.denied > 0 {
                 tracked.active_at = now;
             }
-            if self.report_budget(budgets, stream, &id, tracked, usage, now) {
+            if self.report_budget(budgets, (stream, s.peer), &id, tracked, usage, now) {
                 touched.push(id);
             }
         }
@@ -162,7 +162,7 @@ impl Quotas {
     fn report_budget(
         &self,
         budgets: &mut HashMap<String, Entry>,
-        stream: StreamId,
+        (stream, peer): (StreamId, PeerId),
         id: &str,
         tracked: &Tracked,
         usage: &Usage,
@@ -179,9 +179,13 @@ impl Quotas {
         let entry = budgets
             .entry(id.to_owned())
             .or_insert_with(|| Entry::new(*budget, &tracked.domain, rule, *shadow, now));
-        entry
-            .state
-            .report_seen(stream, usage.allowed, usage.denied, now, usage.first_sight);
+        entry.state.report_seen(
+            (stream, peer),
+            usage.allowed,
+            usage.denied,
+            now,
+            usage.first_sight,
+        );
         if entry.shadow {
             let over = entry.state.shadow_admitted(usage.allowed, now);
             if let (Some(m), true) = (&self.metrics, over > 0) {

@@ -1,5 +1,8 @@
 //! RLQS claims in Redis: one hash per budget, a field per instance holding its claim, its
-//! demand and when the claim ends (Redis's clock). One script call renews every claim of a
+//! demand and when the claim ends (Redis's clock), and a field `INSTANCE#peers` holding the
+//! number of peers behind the demand (a field of its own, so that instances of an earlier
+//! version, which drop what they cannot read, lose only that and count the instance as one
+//! peer, while their own claims keep their format). One script call renews every claim of a
 //! node (of a hash slot, in a Cluster), at most [`PER_CALL`] at a time, all sent at once.
 
 use std::collections::BTreeMap;
@@ -12,10 +15,10 @@ use super::{RedisStore, slot};
 use crate::store::{ClaimAsk, ClaimGrant, StoreError};
 
 /// KEYS: the budgets' hashes. ARGV[1]: the instance; then per key its total, want, demand
-/// (requests per window, in thousandths) and ttl (ms). For each key: drops the claims that
-/// ended, grants at most what the others leave, records this instance's claim; answers four
-/// integers per key: granted, the others' demand (thousandths), how many others, what they
-/// hold. A script: reading the others and writing ours must be one step, or two instances
+/// (requests per window, in thousandths), ttl (ms) and peers. For each key: drops the claims
+/// that ended, grants at most what the others leave, records this instance's claim and
+/// peers; answers five integers per key: granted, the others' demand (thousandths), how many
+/// others, what they hold, their peers (an instance that names none counted as one). A script: reading the others and writing ours must be one step, or two instances
 /// could each take what the other left.
 const CLAIM_SCRIPT: &str = r"
 local t = redis.call('TIME')
@@ -23,16 +26,28 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local me = ARGV[1]
 local out = {}
 for k = 1, #KEYS do
-  local base = 1 + (k - 1) * 4
+  local base = 1 + (k - 1) * 5
   local total, want = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   local mine, ttl = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
-  local held, demand, count = 0, 0, 0
+  local peers = tonumber(ARGV[base + 5])
+  local held, demand, count, named, named_peers = 0, 0, 0, 0, 0
   local fields = redis.call('HGETALL', KEYS[k])
   for i = 1, #fields, 2 do
-    if fields[i] ~= me then
+    local field = fields[i]
+    if string.sub(field, -6) == '#peers' then
+      if field ~= me .. '#peers' then
+        local p, e = string.match(fields[i + 1], '^(%d+):(%d+)$')
+        if p == nil or tonumber(e) <= now then
+          redis.call('HDEL', KEYS[k], field)
+        else
+          named = named + 1
+          named_peers = named_peers + tonumber(p)
+        end
+      end
+    elseif field ~= me then
       local c, d, e = string.match(fields[i + 1], '^(%d+):(%d+):(%d+)$')
       if c == nil or tonumber(e) <= now then
-        redis.call('HDEL', KEYS[k], fields[i])
+        redis.call('HDEL', KEYS[k], field)
       else
         held = held + tonumber(c)
         demand = demand + tonumber(d)
@@ -41,12 +56,14 @@ for k = 1, #KEYS do
     end
   end
   local granted = math.min(want, math.max(0, total - held))
-  redis.call('HSET', KEYS[k], me, string.format('%d:%d:%d', granted, mine, now + ttl))
+  redis.call('HSET', KEYS[k], me, string.format('%d:%d:%d', granted, mine, now + ttl),
+    me .. '#peers', string.format('%d:%d', peers, now + ttl))
   redis.call('PEXPIRE', KEYS[k], ttl * 2)
   out[#out + 1] = granted
   out[#out + 1] = demand
   out[#out + 1] = count
   out[#out + 1] = held
+  out[#out + 1] = named_peers + math.max(0, count - named)
 end
 return out
 ";
@@ -119,10 +136,11 @@ impl RedisStore {
             cmd.arg(ask.total.min(MAX_TOTAL))
                 .arg(ask.want.min(MAX_TOTAL))
                 .arg((ask.demand.clamp(0.0, 1e12) * 1000.0) as u64)
-                .arg(ask.ttl.as_millis().max(1) as u64);
+                .arg(ask.ttl.as_millis().max(1) as u64)
+                .arg(ask.peers);
         }
         let values: Vec<i64> = self.shared.run_script(&CLAIMS, &cmd).await?;
-        if values.len() != 4 * indices.len() {
+        if values.len() != 5 * indices.len() {
             return Err(StoreError::Internal(format!(
                 "the claim script answered {} values for {} claims",
                 values.len(),
@@ -130,12 +148,13 @@ impl RedisStore {
             )));
         }
         Ok(values
-            .chunks_exact(4)
+            .chunks_exact(5)
             .map(|v| ClaimGrant {
                 granted: v[0].max(0) as u64,
                 others_demand: v[1].max(0) as f64 / 1000.0,
                 others: v[2].max(0) as u64,
                 others_hold: v[3].max(0) as u64,
+                others_peers: v[4].max(0) as u64,
             })
             .collect())
     }

@@ -166,6 +166,21 @@ impl Stream {
         Self::over(channel).await
     }
 
+    /// Opens a stream to Sluice at `addr` from the local address `from` (a loopback address
+    /// of its own: Sluice tells Envoys apart by their address).
+    pub async fn open_from(
+        addr: std::net::SocketAddr,
+        from: std::net::IpAddr,
+    ) -> Result<Self, tonic::Status> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .local_address(Some(from))
+            .connect()
+            .await
+            .unwrap();
+        Self::over(channel).await
+    }
+
     /// Opens a stream over `channel` (e.g. one over TLS).
     pub async fn over(channel: tonic::transport::Channel) -> Result<Self, tonic::Status> {
         Self::over_with(channel, &[]).await
