@@ -137,17 +137,21 @@ impl BudgetState {
 
     /// Each peer's demand (its streams' together, at most the budget), by peer.
     pub fn peer_demands(&self) -> Vec<(PeerId, f64)> {
-        let mut peers: Vec<(PeerId, f64)> = Vec::new();
-        for h in self.holdings.values() {
-            let demand = h.demand.unwrap_or(0.0);
-            match peers.iter_mut().find(|(p, _)| *p == h.peer) {
-                Some((_, d)) => *d += demand,
-                None => peers.push((h.peer, demand)),
+        let mut streams: Vec<(PeerId, f64)> = self
+            .holdings
+            .values()
+            .map(|h| (h.peer, h.demand.unwrap_or(0.0)))
+            .collect();
+        streams.sort_unstable_by_key(|(p, _)| *p);
+        let mut peers: Vec<(PeerId, f64)> = Vec::with_capacity(streams.len());
+        for (peer, demand) in streams {
+            match peers.last_mut() {
+                Some((p, d)) if *p == peer => *d += demand,
+                _ => peers.push((peer, demand)),
             }
         }
         let cap = self.budget.rate as f64;
         peers.iter_mut().for_each(|(_, d)| *d = d.min(cap));
-        peers.sort_unstable_by_key(|(p, _)| *p);
         peers
     }
 
@@ -312,17 +316,21 @@ impl BudgetState {
             .min(self.claim);
         let peers = self.peer_demands();
         let demands: Vec<f64> = peers.iter().map(|(_, d)| *d).collect();
-        let mut targets = Vec::with_capacity(self.holdings.len());
+        // Every stream by peer, in the peers' order.
+        let mut streams: Vec<(PeerId, StreamId, f64)> = self
+            .holdings
+            .iter()
+            .map(|(s, h)| (h.peer, *s, h.demand.unwrap_or(0.0)))
+            .collect();
+        streams.sort_unstable_by_key(|(p, s, _)| (*p, *s));
+        let mut targets = Vec::with_capacity(streams.len());
+        let mut rest = streams.as_slice();
         for ((peer, _), rate) in peers.iter().zip(divide(part.rate, &demands)) {
-            let mut streams: Vec<(StreamId, f64)> = self
-                .holdings
-                .iter()
-                .filter(|(_, h)| h.peer == *peer)
-                .map(|(s, h)| (*s, h.demand.unwrap_or(0.0)))
-                .collect();
-            streams.sort_unstable_by_key(|(s, _)| *s);
-            let demands: Vec<f64> = streams.iter().map(|(_, d)| *d).collect();
-            for ((stream, _), rate) in streams.iter().zip(divide(rate, &demands)) {
+            let n = rest.iter().take_while(|(p, ..)| p == peer).count();
+            let (own, after) = rest.split_at(n);
+            rest = after;
+            let demands: Vec<f64> = own.iter().map(|(.., d)| *d).collect();
+            for ((_, stream, _), rate) in own.iter().zip(divide(rate, &demands)) {
                 targets.push((*stream, self.budget.share_of(rate).min(part)));
             }
         }

@@ -369,3 +369,40 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn the_fleets_part_is_max_min_fair_among_peers() {
+    // 5 asked here against 10 elsewhere, of 10: 5 each (in proportion it was 3.5).
+    assert_eq!(fair_part(10.0, &[5.0], 10.0, 1.0).round(), 5.0);
+    assert_eq!(fair_part(10.0, &[10.0], 5.0, 1.0).round(), 5.0);
+    // A small peer here gets all it asks; the rest is split evenly at the water level.
+    assert!((fair_part(10.0, &[1.0, 10.0], 5.0, 1.0) - 5.5).abs() < 1e-6);
+    // Every demand met: what is left is spread by the number of peers.
+    assert!((fair_part(10.0, &[2.0], 3.0, 1.0) - 4.5).abs() < 1e-6);
+}
+
+#[test]
+fn a_hundred_streams_of_one_peer_share_one_envoys_part() {
+    let budget = Budget {
+        rate: 10,
+        burst: 10,
+        window: 1,
+    };
+    let mut state = BudgetState::new(budget, budget.share_of(10), 0.0, true);
+    for stream in 0..100 {
+        state.report_seen((stream, 7), u64::MAX, u64::MAX, 0.0, false);
+    }
+    // 50 in a first report after a reconnect: counted over 5 s, 10 a second.
+    state.report_seen((100, 8), 50, 0, 0.0, false);
+    let peers = state.peer_demands();
+    assert_eq!(peers.len(), 2);
+    assert!(peers.iter().all(|(_, d)| *d <= 10.0), "{peers:?}");
+    let targets = state.targets();
+    let honest = targets.iter().find(|(s, _)| *s == 100).unwrap().1;
+    let hostile: u64 = targets
+        .iter()
+        .filter(|(s, _)| *s != 100)
+        .map(|(_, t)| t.rate)
+        .sum();
+    assert_eq!((honest.rate, hostile), (5, 5), "{targets:?}");
+}
