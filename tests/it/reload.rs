@@ -399,3 +399,32 @@ async fn with_healthy_with_at_least_one_config_loaded_health_waits_for_a_domain(
         ServingStatus::Serving as i32
     );
 }
+
+/// What the usage-budget docs state for a reload: a new limit on the same window keeps the
+/// count, a new window starts a new counter (the bound is old limit + new limit across it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_limit_keeps_the_count_and_a_new_window_starts_a_new_one() {
+    let budget = |unit: &str, limit: u32| {
+        format!(
+            "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: {limit}, overdraft: true}}\n"
+        )
+    };
+    let dir = config_dir("reload-budget-window", &[("r.yaml", &budget("hour", 100))]);
+    let server = server_on(&dir).await;
+    let spent = server.domain("r").hits("k=t", 90).await;
+    assert_eq!(spent.remaining()[0], 10);
+    write(&dir, "r.yaml", &budget("hour", 200));
+    until_rlconfig(&server, "requests_per_unit=200").await;
+    assert_eq!(
+        remaining(&server, "r", "k", "t").await,
+        109,
+        "the count is kept"
+    );
+    write(&dir, "r.yaml", &budget("day", 200));
+    until_rlconfig(&server, "unit=DAY").await;
+    assert_eq!(
+        remaining(&server, "r", "k", "t").await,
+        199,
+        "a new counter"
+    );
+}
