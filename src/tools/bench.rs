@@ -64,6 +64,13 @@ pub struct BenchArgs {
     /// round, e.g. to fill a store with exactly --keys counters)
     #[arg(long)]
     pub sequential: bool,
+    /// RLQS streams that re-report `--rlqs-buckets` buckets of `--domain` and `--key` as
+    /// fast as the server reads them, meanwhile (each on a connection of its own)
+    #[arg(long, default_value = "0")]
+    pub rlqs_flood: usize,
+    /// Buckets in each report of `--rlqs-flood`
+    #[arg(long, default_value = "10000")]
+    pub rlqs_buckets: usize,
     /// TLS to the server
     #[command(flatten)]
     pub tls: ClientTls,
@@ -88,6 +95,8 @@ pub struct Report {
     pub p999: u64,
     /// Slowest request.
     pub max: u64,
+    /// RLQS reports the flood sent (`--rlqs-flood`).
+    pub rlqs_reports: Option<u64>,
 }
 
 /// What one worker measured: latencies (µs), over-limit answers, errors.
@@ -108,6 +117,15 @@ pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(args.connections);
+    let flood = (args.rlqs_flood > 0).then(|| {
+        super::flood::Flood::start(
+            &args.addr,
+            &args.tls,
+            (&args.domain, &args.key),
+            args.rlqs_flood,
+            args.rlqs_buckets,
+        )
+    });
     let start = Instant::now() + args.warmup;
     let end = start + args.duration;
     let handles: Vec<_> = (0..threads)
@@ -137,9 +155,18 @@ pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
     for result in joined {
         measured.extend(result?);
     }
+    let rlqs_reports = match flood {
+        Some(flood) => Some(
+            tokio::task::spawn_blocking(move || flood.stop())
+                .await
+                .map_err(|e| ToolError::Rpc(format!("the flood failed: {e}")))??,
+        ),
+        None => None,
+    };
     let mut all = Vec::new();
     let mut report = Report {
         seconds: args.duration.as_secs_f64(),
+        rlqs_reports,
         ..Report::default()
     };
     for (latencies, over, errors) in measured {
@@ -273,7 +300,11 @@ impl std::fmt::Display for Report {
             ms(self.p99),
             ms(self.p999),
             ms(self.max)
-        )
+        )?;
+        if let Some(reports) = self.rlqs_reports {
+            write!(f, "\nrlqs flood: {reports} reports sent")?;
+        }
+        Ok(())
     }
 }
 

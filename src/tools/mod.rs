@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod bench;
 pub mod check;
+pub mod flood;
 pub mod trivial;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
