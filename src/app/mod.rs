@@ -301,7 +301,9 @@ impl Prepared {
         );
         spawn_quota_ticks(quotas.clone(), &drain);
         spawn_turn_watch(self.turns.clone(), health.clone(), &drain);
-        let mut rlqs = RlqsService::new(quotas.clone());
+        let lane = crate::rlqs::Lane::start()
+            .map_err(|e| AppError::Serve(format!("cannot start the RLQS thread: {e}")))?;
+        let mut rlqs = RlqsService::new(quotas.clone()).on_lane(&lane);
         if let Some(traces) = &traces {
             rlqs = rlqs.with_tracing(traces.clone());
         }
@@ -346,6 +348,7 @@ impl Prepared {
             statsd: self.spawn_statsd(),
             store: self.limiter.store().clone(),
             quotas,
+            _lane: lane,
         };
         running.health.set_serving(true);
         report_health(&running.reporter, &running.health).await;

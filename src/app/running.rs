@@ -35,6 +35,8 @@ pub(super) struct Running {
     pub(super) store: Arc<dyn crate::store::Store>,
     /// The RLQS streams, sent short TTLs and closed when the drain starts.
     pub(super) quotas: Arc<crate::rlqs::Quotas>,
+    /// The thread RLQS reports are read on, ended with the service.
+    pub(super) _lane: crate::rlqs::Lane,
 }
 
 impl Running {

@@ -12,10 +12,12 @@
 //!   `quotas/report.rs` a usage report, `quotas/lifecycle.rs` renewals, abandons, reloads and
 //!   the drain, `quotas/view.rs` the gauges, a bucket explained and the `/rlconfig` lines;
 //! - `outbox`: what waits to be sent on a stream;
-//! - `pace`: how many bucket usages a stream and the instance work through a second.
+//! - `pace`: how many bucket usages a stream and the instance work through a second;
+//! - `lane`: the thread reports are read and worked through on.
 
 mod bucket;
 mod budget;
+mod lane;
 mod metrics;
 mod outbox;
 mod pace;
@@ -45,6 +47,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::traces::{Method, Tracing};
 
 pub use bucket::{BucketKey, MAX_ID_BYTES, MAX_PAIRS, Quota};
+pub use lane::Lane;
 pub use metrics::RlqsMetrics;
 pub use outbox::{Action, Assigned};
 pub use quotas::{
@@ -65,6 +68,8 @@ pub struct RlqsService {
     pace: Arc<parking_lot::Mutex<pace::Pace>>,
     /// A span per report, when tracing is on.
     tracing: Option<Arc<Tracing>>,
+    /// Where reports are read and worked through (the caller's runtime if none).
+    lane: Option<tokio::runtime::Handle>,
 }
 
 impl RlqsService {
@@ -77,6 +82,7 @@ impl RlqsService {
                 pace::USAGES_PER_SECOND,
             ))),
             tracing: None,
+            lane: None,
         }
     }
 
@@ -84,6 +90,13 @@ impl RlqsService {
     /// was opened with.
     pub fn with_tracing(mut self, tracing: Arc<Tracing>) -> Self {
         self.tracing = Some(tracing);
+        self
+    }
+
+    /// Reads and works through reports on `lane`, away from the runtime that answers
+    /// decisions.
+    pub fn on_lane(mut self, lane: &Lane) -> Self {
+        self.lane = Some(lane.handle());
         self
     }
 
@@ -116,7 +129,7 @@ impl RateLimitQuotaService for RlqsService {
         // A stream works through at most a full report (its bucket cap) a second.
         let cap = self.quotas.options().max_buckets_per_stream;
         let mut stream_pace = pace::Pace::new(cap as f64, cap as f64);
-        tokio::spawn(async move {
+        let reading = async move {
             // The stream's shares are released however this task ends.
             let _closing = Closing(quotas.clone(), id);
             loop {
@@ -166,7 +179,11 @@ impl RateLimitQuotaService for RlqsService {
                     span.end(if summary.dropped { "DROPPED" } else { "OK" }, None);
                 }
             }
-        });
+        };
+        match &self.lane {
+            Some(lane) => drop(lane.spawn(reading)),
+            None => drop(tokio::spawn(reading)),
+        }
         let clock = self.quotas.clone();
         let answers = futures_util::stream::unfold(Some(outbox), move |outbox| {
             let clock = clock.clone();
