@@ -106,13 +106,17 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::CountersRequest>,
     ) -> Result<Response<proto::ResetResponse>, Status> {
-        let peer = request.remote_addr();
+        let info = request
+            .extensions()
+            .get::<crate::net::connection::PeerInfo>()
+            .cloned();
+        let peer = info.as_ref().and_then(|i| i.remote_addr);
         let authorization = request
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let certs = request.peer_certs();
+        let certs = info.and_then(|i| i.certs);
         let who = self
             .access
             .authorize(

@@ -456,13 +456,19 @@ impl Prepared {
         };
         let future: ServerFuture = match &self.settings.grpc_tls {
             None => {
-                let incoming = crate::net::connection::incoming(listener, limits, lifetime);
+                let incoming = crate::net::connection::incoming(
+                    listener,
+                    limits,
+                    lifetime,
+                    self.turns.clone(),
+                );
                 Box::pin(server.serve_with_incoming_shutdown(incoming, stop))
             }
             Some(files) => {
                 let tls = Arc::new(ReloadingTls::new(files.clone()).map_err(AppError::Serve)?);
                 tracing::info!(mutual = files.client_ca.is_some(), "gRPC over TLS");
-                let incoming = crate::net::tls::incoming(listener, tls, limits, lifetime);
+                let incoming =
+                    crate::net::tls::incoming(listener, tls, limits, lifetime, self.turns.clone());
                 Box::pin(server.serve_with_incoming_shutdown(incoming, stop))
             }
         };

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -33,7 +34,9 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::codegen::tokio_stream::StreamExt as _;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpIncoming};
+use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming, TlsConnectInfo};
+
+use super::turns::{Peer, Turns};
 
 /// What a new connection must send before its handshake deadline: the length of the
 /// HTTP/2 client preface `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`, shorter than any HTTP/1 request
@@ -256,17 +259,22 @@ pub fn incoming(
     listener: TcpListener,
     limits: ConnectionLimits,
     lifetime: Option<Duration>,
+    turns: Arc<Turns>,
 ) -> ReceiverStream<io::Result<Guarded<TcpStream>>> {
-    accept_into(listener, limits, 16, move |accepted, tx| async move {
-        let guarded = Guarded::new(
-            accepted.stream,
-            accepted.permit,
-            accepted.deadline,
-            accepted.ticket,
-        )
-        .living(lifetime)
-        .stalling_after(limits.handshake_timeout);
-        tx.send(Ok(guarded)).await.is_ok()
+    accept_into(listener, limits, 16, move |accepted, tx| {
+        let peer = turns.peer(accepted.stream.peer_addr().ok());
+        async move {
+            let guarded = Guarded::new(
+                accepted.stream,
+                accepted.permit,
+                accepted.deadline,
+                accepted.ticket,
+            )
+            .living(lifetime)
+            .stalling_after(limits.handshake_timeout)
+            .of_peer(peer);
+            tx.send(Ok(guarded)).await.is_ok()
+        }
     })
 }
 
@@ -316,6 +324,8 @@ pub struct Guarded<IO> {
     /// write waiting now.
     stall_limit: Option<Duration>,
     stalled: Option<Pin<Box<Sleep>>>,
+    /// The connection's turns and reading room (gRPC).
+    peer: Option<Arc<Peer>>,
     /// When the connection is closed whatever it is doing (`GRPC_MAX_CONNECTION_AGE` plus its
     /// grace: the server asked it to go at the age).
     end_of_life: Option<Pin<Box<Sleep>>>,
@@ -349,6 +359,7 @@ impl<IO> Guarded<IO> {
             evictable_after_handshake: false,
             stall_limit: None,
             stalled: None,
+            peer: None,
             end_of_life: None,
             _permit: permit,
         }
@@ -358,6 +369,12 @@ impl<IO> Guarded<IO> {
     /// handshake too, while it answers no request (its ticket's [`Ticket::busy`] count).
     pub fn evictable_when_idle(mut self) -> Self {
         self.evictable_after_handshake = true;
+        self
+    }
+
+    /// Makes the connection `peer`, whose requests take their turns as one.
+    pub fn of_peer(mut self, peer: Arc<Peer>) -> Self {
+        self.peer = Some(peer);
         self
     }
 
@@ -502,10 +519,64 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 }
 
-impl<IO: Connected> Connected for Guarded<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+/// What a gRPC request knows of its connection (its connection info, in the request's
+/// extensions): the remote address, the client's certificates under mutual TLS, and the
+/// [`Peer`] its requests take their turns as.
+#[derive(Clone)]
+pub struct PeerInfo {
+    /// The remote address.
+    pub remote_addr: Option<std::net::SocketAddr>,
+    /// The client's certificate chain, when it sent one over TLS.
+    pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+    /// The connection's turns and reading room, when the listener gives them.
+    pub peer: Option<Arc<Peer>>,
+}
+
+impl PeerInfo {
+    /// The connection info of `request`, if it came over one of these listeners.
+    pub fn of<B>(request: &tonic::codegen::http::Request<B>) -> Option<&PeerInfo> {
+        request.extensions().get::<PeerInfo>()
+    }
+}
+
+/// What the transports' own connection info says of the remote end.
+pub trait Describe {
+    /// The remote address.
+    fn remote_addr(&self) -> Option<std::net::SocketAddr>;
+    /// The client's certificates, under TLS.
+    fn certs(&self) -> Option<Arc<Vec<CertificateDer<'static>>>> {
+        None
+    }
+}
+
+impl Describe for TcpConnectInfo {
+    fn remote_addr(&self) -> Option<std::net::SocketAddr> {
+        TcpConnectInfo::remote_addr(self)
+    }
+}
+
+impl Describe for TlsConnectInfo<TcpConnectInfo> {
+    fn remote_addr(&self) -> Option<std::net::SocketAddr> {
+        self.get_ref().remote_addr()
+    }
+
+    fn certs(&self) -> Option<Arc<Vec<CertificateDer<'static>>>> {
+        self.peer_certs()
+    }
+}
+
+impl<IO: Connected> Connected for Guarded<IO>
+where
+    IO::ConnectInfo: Describe,
+{
+    type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        let info = self.io.connect_info();
+        PeerInfo {
+            remote_addr: info.remote_addr(),
+            certs: info.certs(),
+            peer: self.peer.clone(),
+        }
     }
 }

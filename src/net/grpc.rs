@@ -1,8 +1,9 @@
 //! What a gRPC request's message may cost before a handler sees it, for the gRPC server's
 //! routes:
 //!
-//! - every request is tied to its connection's [`Peer`] (in the request's extensions), which
-//!   handlers take their [`Turn`](super::turns::Turn) with once the message is in;
+//! - every request is tied to its connection's [`Peer`] (in its [`PeerInfo`], the request's
+//!   connection info), which handlers take their [`Turn`](super::turns::Turn) with once the
+//!   message is in;
 //! - the message of a unary call must arrive whole within a deadline of its headers, or the
 //!   call ends with `DEADLINE_EXCEEDED`; a stream that sends headers and nothing else holds
 //!   a stream of its connection (at most `SETTINGS_MAX_CONCURRENT_STREAMS`) until then, and
@@ -25,14 +26,15 @@ use tokio::time::{Instant, Sleep};
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{Bytes, http};
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
+use super::connection::PeerInfo;
 use super::turns::{MAX_READING_BYTES, Peer, Turns};
 
 /// Ties requests to their connection and bounds their messages (see the module docs).
 #[derive(Clone)]
 pub struct MessagesLayer {
-    turns: Arc<Turns>,
+    /// The peer of the connections that have none of their own (a unix socket's).
+    local: Arc<Peer>,
     deadline: Duration,
     streaming: &'static [&'static str],
 }
@@ -42,7 +44,7 @@ impl MessagesLayer {
     /// for the streaming calls under the path prefixes `streaming`.
     pub fn new(turns: Arc<Turns>, deadline: Duration, streaming: &'static [&'static str]) -> Self {
         Self {
-            turns,
+            local: turns.peer(None),
             deadline,
             streaming,
         }
@@ -67,19 +69,6 @@ pub struct Messages<S> {
     layer: MessagesLayer,
 }
 
-/// The remote address of the connection a request came on, if it has one.
-pub fn remote_addr<B>(request: &http::Request<B>) -> Option<std::net::SocketAddr> {
-    let extensions = request.extensions();
-    extensions
-        .get::<TcpConnectInfo>()
-        .and_then(TcpConnectInfo::remote_addr)
-        .or_else(|| {
-            extensions
-                .get::<TlsConnectInfo<TcpConnectInfo>>()
-                .and_then(|tls| tls.get_ref().remote_addr())
-        })
-}
-
 impl<S> tower::Service<http::Request<Body>> for Messages<S>
 where
     S: tower::Service<http::Request<Body>>,
@@ -92,26 +81,34 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let peer = self.layer.turns.peer(remote_addr(&request));
-        let path = request.uri().path();
-        let streaming = self.layer.streaming.iter().any(|p| path.starts_with(p));
-        let mut request = if streaming {
-            request
-        } else {
-            let deadline = Instant::now() + self.layer.deadline;
-            let peer = peer.clone();
-            request.map(|inner| {
-                Body::new(Reading {
-                    inner,
-                    peer,
-                    held: 0,
-                    deadline,
-                    timer: None,
-                })
-            })
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        let peer = match PeerInfo::of(&request).and_then(|info| info.peer.as_ref()) {
+            Some(peer) => peer.clone(),
+            // A unix socket's connections: one peer for all.
+            None => {
+                let local = self.layer.local.clone();
+                request.extensions_mut().insert(PeerInfo {
+                    remote_addr: None,
+                    certs: None,
+                    peer: Some(local.clone()),
+                });
+                local
+            }
         };
-        request.extensions_mut().insert(peer);
+        let path = request.uri().path();
+        if self.layer.streaming.iter().any(|p| path.starts_with(p)) {
+            return self.inner.call(request);
+        }
+        let deadline = Instant::now() + self.layer.deadline;
+        let request = request.map(|inner| {
+            Body::new(Reading {
+                inner,
+                peer,
+                held: 0,
+                deadline,
+                timer: None,
+            })
+        });
         self.inner.call(request)
     }
 }
@@ -132,7 +129,7 @@ impl Reading {
     /// Whether the connection has room for another frame of this body: under the bound, or
     /// all of what it holds is this body's.
     fn has_room(&self) -> bool {
-        let reading = self.peer.reading.load(Ordering::Acquire);
+        let reading = self.peer.reading.load(Ordering::SeqCst);
         reading < MAX_READING_BYTES || reading <= self.held
     }
 
@@ -153,9 +150,9 @@ impl Reading {
 
     fn release(&mut self) {
         if self.held > 0 {
-            self.peer.reading.fetch_sub(self.held, Ordering::AcqRel);
+            self.peer.reading.fetch_sub(self.held, Ordering::SeqCst);
             self.held = 0;
-            self.peer.wake_readers();
+            self.peer.wake_readers_if_any();
         }
     }
 }
@@ -180,6 +177,7 @@ impl http_body::Body for Reading {
                 let mut readers = this.peer.readers.lock();
                 if !readers.iter().any(|w| w.will_wake(cx.waker())) {
                     readers.push(cx.waker().clone());
+                    this.peer.waiting_readers.fetch_add(1, Ordering::SeqCst);
                 }
             }
             // Room made between the check and the waker's registration is seen here.
@@ -191,7 +189,7 @@ impl http_body::Body for Reading {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.held += data.len();
-                    this.peer.reading.fetch_add(data.len(), Ordering::AcqRel);
+                    this.peer.reading.fetch_add(data.len(), Ordering::SeqCst);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -228,11 +228,13 @@ pub fn incoming(
     tls: Arc<ReloadingTls>,
     limits: ConnectionLimits,
     lifetime: Option<Duration>,
+    turns: Arc<super::turns::Turns>,
 ) -> ReceiverStream<Result<Guarded<TlsStream<TcpStream>>, std::io::Error>> {
     // Handshakes run on their own tasks: a slow one must not hold up the next accept.
     accept_into(listener, limits, 128, move |accepted, tx| {
         let acceptor = TlsAcceptor::from(tls.config());
         let born = tokio::time::Instant::now();
+        let turns = turns.clone();
         tokio::spawn(async move {
             let peer = accepted.stream.peer_addr().ok();
             let handshake = acceptor.accept(accepted.stream);
@@ -255,7 +257,8 @@ pub fn incoming(
                         accepted.ticket,
                     )
                     .living(rest)
-                    .stalling_after(limits.handshake_timeout);
+                    .stalling_after(limits.handshake_timeout)
+                    .of_peer(turns.peer(peer));
                     let _ = tx.send(Ok(guarded)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),

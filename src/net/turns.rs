@@ -8,15 +8,15 @@
 //!   and each turn given back goes to the connection holding the fewest among those waiting
 //!   (the oldest request of that connection first): a connection that piles up requests
 //!   waits behind its own, and a fresh connection is served next.
-//! - Each connection is a [`Peer`], found by its remote address (one peer for a unix socket),
-//!   and forgotten when its last request ends.
+//! - Each connection is a [`Peer`], made when it is accepted and carried in its requests'
+//!   connection info (one peer for all of a unix socket's).
 //!
 //! The fast path (a turn free, nobody waiting) is one short lock and two counters.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -33,10 +33,11 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 pub struct Turns {
     capacity: usize,
     state: Mutex<State>,
-    peers: Mutex<HashMap<Option<SocketAddr>, Weak<Peer>>>,
     metrics: Option<TurnMetrics>,
     /// Identifies peers for the wait queues.
     ids: AtomicUsize,
+    /// Peers alive.
+    peers: AtomicUsize,
 }
 
 /// What the turns report to Prometheus.
@@ -86,39 +87,44 @@ struct State {
 pub struct Peer {
     id: usize,
     addr: Option<SocketAddr>,
-    turns: Weak<Turns>,
+    turns: Arc<Turns>,
     /// Turns held; changed under the turns' lock only.
     held: AtomicUsize,
     /// Bytes of messages still arriving (see [`super::grpc`]).
     pub(super) reading: AtomicUsize,
-    /// Bodies waiting for the reading bytes to fall.
+    /// Bodies waiting for the reading bytes to fall, and how many (read without the lock).
     pub(super) readers: Mutex<Vec<std::task::Waker>>,
+    pub(super) waiting_readers: AtomicUsize,
 }
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        let Some(turns) = self.turns.upgrade() else {
-            return;
-        };
-        let mut peers = turns.peers.lock();
-        // Only this peer's own entry: a new connection from the address may have taken it.
-        if peers.get(&self.addr).is_some_and(|w| w.strong_count() == 0) {
-            peers.remove(&self.addr);
-        }
+        self.turns.peers.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl Peer {
-    /// A turn of the server this connection came to (see [`Turns::take`]); `None` once the
-    /// server is gone.
-    pub async fn turn(self: &Arc<Self>) -> Option<Turn> {
-        let turns = self.turns.upgrade()?;
-        Some(turns.take(self).await)
+    /// A turn of the server this connection came to (see [`Turns::take`]).
+    pub async fn turn(self: &Arc<Self>) -> Turn {
+        self.turns.take(self).await
+    }
+
+    /// The connection's remote address (`None` for a unix socket).
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    /// Wakes the bodies waiting for reading room, if any.
+    pub(super) fn wake_readers_if_any(&self) {
+        if self.waiting_readers.load(Ordering::SeqCst) > 0 {
+            self.wake_readers();
+        }
     }
 
     /// Wakes the bodies waiting for reading room.
     pub(super) fn wake_readers(&self) {
         let readers = std::mem::take(&mut *self.readers.lock());
+        self.waiting_readers.store(0, Ordering::Release);
         readers.into_iter().for_each(std::task::Waker::wake);
     }
 }
@@ -149,9 +155,9 @@ impl Turns {
                 waiting: HashMap::new(),
                 saturated_since: None,
             }),
-            peers: Mutex::default(),
             metrics,
             ids: AtomicUsize::new(0),
+            peers: AtomicUsize::new(0),
         })
     }
 
@@ -160,27 +166,23 @@ impl Turns {
         self.capacity
     }
 
-    /// The connection at `addr` (`None`: a unix socket), while any of its requests lives.
+    /// A new connection, from `addr` (`None`: a unix socket).
     pub fn peer(self: &Arc<Self>, addr: Option<SocketAddr>) -> Arc<Peer> {
-        let mut peers = self.peers.lock();
-        if let Some(peer) = peers.get(&addr).and_then(Weak::upgrade) {
-            return peer;
-        }
-        let peer = Arc::new(Peer {
+        self.peers.fetch_add(1, Ordering::Relaxed);
+        Arc::new(Peer {
             id: self.ids.fetch_add(1, Ordering::Relaxed),
             addr,
-            turns: Arc::downgrade(self),
+            turns: self.clone(),
             held: AtomicUsize::new(0),
             reading: AtomicUsize::new(0),
             readers: Mutex::default(),
-        });
-        peers.insert(addr, Arc::downgrade(&peer));
-        peer
+            waiting_readers: AtomicUsize::new(0),
+        })
     }
 
-    /// Connections with requests alive.
+    /// Connections alive.
     pub fn peers(&self) -> usize {
-        self.peers.lock().len()
+        self.peers.load(Ordering::Relaxed)
     }
 
     /// A turn for `peer`, at once if one is free, else when it is this peer's.
@@ -339,10 +341,9 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_is_forgotten_with_its_last_request() {
+    fn a_connection_is_counted_while_it_lives() {
         let turns = Turns::new(1, None);
         let peer = turns.peer(addr(1));
-        assert!(Arc::ptr_eq(&peer, &turns.peer(addr(1))));
         assert_eq!(turns.peers(), 1);
         drop(peer);
         assert_eq!(turns.peers(), 0);

@@ -226,7 +226,10 @@ fn refuse(quotas: &Quotas, status: &Status, ending: &parking_lot::Mutex<Option<S
 /// certificate under mutual TLS either: Envoys commonly share one, and would then share one
 /// part of every budget.
 fn peer_of<T>(request: &Request<T>) -> budget::PeerId {
-    let Some(addr) = request.remote_addr() else {
+    let info = request
+        .extensions()
+        .get::<crate::net::connection::PeerInfo>();
+    let Some(addr) = info.and_then(|i| i.remote_addr) else {
         return 0;
     };
     let ip = match addr.ip() {

@@ -205,8 +205,12 @@ impl RateLimitService for RlsService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let deadline = grpc_timeout(request.metadata()).map(|t| tokio::time::Instant::now() + t);
         // The message is in: a turn of GRPC_MAX_IN_FLIGHT, fairly between connections.
-        let _turn = match request.extensions().get::<Arc<crate::net::turns::Peer>>() {
-            Some(peer) => peer.turn().await,
+        let peer = request
+            .extensions()
+            .get::<crate::net::connection::PeerInfo>()
+            .and_then(|info| info.peer.as_ref());
+        let _turn = match peer {
+            Some(peer) => Some(peer.turn().await),
             None => None,
         };
         let span = self.span(Method::ShouldRateLimit, request.metadata().as_ref());
