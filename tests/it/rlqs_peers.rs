@@ -49,7 +49,7 @@ async fn honest_gets(honest: &mut Stream, hostile: &[Stream], per_second: u64, w
     honest
         .report("rq", vec![usage(&[("tenant", "a")], 1, 0)])
         .await;
-    while started.elapsed() < Duration::from_secs(40) {
+    while started.elapsed() < Duration::from_secs(60) {
         let next = tokio::time::timeout(Duration::from_secs(1), honest.answers.message()).await;
         if let Ok(answer) = next {
             let answer = answer.unwrap().expect("the stream is open");
