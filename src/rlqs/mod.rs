@@ -75,12 +75,11 @@ pub struct RlqsService {
 impl RlqsService {
     /// The service answering from `quotas`.
     pub fn new(quotas: Arc<Quotas>) -> Self {
+        let options = quotas.options();
+        let pace = pace::of_instance(options.max_buckets, options.max_buckets_per_stream);
         Self {
             quotas,
-            pace: Arc::new(parking_lot::Mutex::new(pace::Pace::new(
-                pace::USAGES_PER_SECOND,
-                pace::USAGES_PER_SECOND,
-            ))),
+            pace: Arc::new(parking_lot::Mutex::new(pace)),
             tracing: None,
             lane: None,
         }
@@ -126,9 +125,9 @@ impl RateLimitQuotaService for RlqsService {
         let ending = Arc::new(parking_lot::Mutex::new(None::<Status>));
         let fault = ending.clone();
         let instance_pace = self.pace.clone();
-        // A stream works through at most a full report (its bucket cap) a second.
+        // A stream works through twice what an Envoy at its bucket cap sends.
         let cap = self.quotas.options().max_buckets_per_stream;
-        let mut stream_pace = pace::Pace::new(cap as f64, cap as f64);
+        let mut stream_pace = pace::of_stream(cap);
         let reading = async move {
             // The stream's shares are released however this task ends.
             let _closing = Closing(quotas.clone(), id);

@@ -7,10 +7,27 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Bucket usages the instance works through per second over all streams: ten times what
-/// Envoys holding the 100,000 buckets of `RLQS_MAX_BUCKETS` send at their fastest usual
-/// report interval (every 5 s), about 70 ms of CPU at 0.35 µs a usage.
-pub const USAGES_PER_SECOND: f64 = 200_000.0;
+/// How many times what Envoys send the pace allows: Envoy 1.40 lists every bucket every 5 s,
+/// so a stream at its bucket cap sends the cap every 5 s, and the instance's streams at most
+/// the instance's cap every 5 s.
+const HEADROOM: f64 = 2.0;
+
+/// Envoy 1.40's report interval, in seconds.
+const REPORT_INTERVAL: f64 = 5.0;
+
+/// The pace of one stream whose bucket cap is `cap`: twice what an Envoy at the cap sends,
+/// and a whole report at once.
+pub fn of_stream(cap: usize) -> Pace {
+    Pace::new(cap as f64 * HEADROOM / REPORT_INTERVAL, cap as f64)
+}
+
+/// The pace of the instance, whose bucket cap is `cap` and streams' `stream_cap`: twice what
+/// Envoys holding every bucket send (40,000 usages a second with the default 100,000), and a
+/// whole report at once.
+pub fn of_instance(cap: usize, stream_cap: usize) -> Pace {
+    let rate = (cap as f64 * HEADROOM / REPORT_INTERVAL).max(stream_cap as f64);
+    Pace::new(rate, rate.max(stream_cap as f64))
+}
 
 /// A budget of work refilled at a steady rate, spent on credit: spending past it says how
 /// long to wait before the next piece of work.

@@ -352,9 +352,10 @@ fn tokio_stream_of<T: Send + 'static>(
 }
 
 /// The probe: ten streams re-reporting 10,000 buckets as fast as allowed took a core and
-/// ShouldRateLimit's p99 from 2 ms to 196 ms. A stream now works through at most its bucket
-/// cap of usages a second and is not read while in debt: six full reports take five
-/// seconds, however fast they are sent (a slow machine can only make it slower).
+/// ShouldRateLimit's p99 from 2 ms to 196 ms. A stream now works through twice what an
+/// Envoy at its bucket cap sends (the cap every 2.5 s) and is not read while in debt: three
+/// full reports take five seconds, however fast they are sent (a slow machine can only make
+/// it slower).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_is_read_at_the_pace_of_its_bucket_cap() {
     let sluice = TestServer::start_with(server(|s| s.rlqs.max_buckets_per_stream = 100)).await;
