@@ -99,6 +99,14 @@ impl RlqsService {
         self
     }
 
+    /// Runs `work` on the lane (or the caller's runtime without one).
+    fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
+        match &self.lane {
+            Some(lane) => drop(lane.spawn(work)),
+            None => drop(tokio::spawn(work)),
+        }
+    }
+
     /// The tonic server wrapping this service.
     pub fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
         RateLimitQuotaServiceServer::new(self).max_decoding_message_size(MAX_REPORT_BYTES)
@@ -179,25 +187,39 @@ impl RateLimitQuotaService for RlqsService {
                 }
             }
         };
-        match &self.lane {
-            Some(lane) => drop(lane.spawn(reading)),
-            None => drop(tokio::spawn(reading)),
-        }
+        self.spawn(reading);
+        // The answers are built on the lane too (a renewal of 10,000 buckets is that many
+        // actions), one at a time: the next is taken only once the last was handed to the
+        // connection, which is when its actions count as sent.
+        let (built, answers) = tokio::sync::mpsc::channel(1);
         let clock = self.quotas.clone();
-        let answers = futures_util::stream::unfold(Some(outbox), move |outbox| {
-            let clock = clock.clone();
-            let ending = ending.clone();
-            async move {
-                let Some(actions) = outbox.as_ref()?.take(|| clock.now()).await else {
+        let sent = outbox.clone();
+        let answering = async move {
+            loop {
+                let Some((at, actions)) = outbox.take_unmarked(|| clock.now()).await else {
                     // Closed: a client's fault ends the answers with its status.
-                    return ending.lock().take().map(|status| (Err(status), None));
+                    let status = ending.lock().take();
+                    if let Some(status) = status {
+                        let _ = built.send((0.0, Err(status))).await;
+                    }
+                    return;
                 };
                 let response = RateLimitQuotaResponse {
                     bucket_action: actions.into_iter().map(|(b, a)| encode(&b, a)).collect(),
                 };
-                Some((Ok(response), outbox))
+                if built.send((at, Ok(response))).await.is_err() {
+                    return; // the client went away
+                }
             }
-        });
+        };
+        self.spawn(answering);
+        let answers = tonic::codegen::tokio_stream::StreamExt::map(
+            tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(answers),
+            move |(at, answer)| {
+                sent.mark_drained(at);
+                answer
+            },
+        );
         Ok(Response::new(Box::pin(answers)))
     }
 }
