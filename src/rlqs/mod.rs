@@ -60,6 +60,10 @@ pub use share::{Budget, Share, divide};
 /// a stream may have at up to 400 bytes each (Envoy's ids of a few pairs take 50 or so).
 pub const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
 
+/// Most bucket actions in one answer: a renewal of a stream's 10,000 buckets goes out as
+/// twenty messages, each encoded in a fraction of a millisecond by the connection's task.
+const ANSWER_ACTIONS: usize = 500;
+
 /// The gRPC service over [`Quotas`].
 #[derive(Clone)]
 pub struct RlqsService {
@@ -200,15 +204,25 @@ impl RateLimitQuotaService for RlqsService {
                     // Closed: a client's fault ends the answers with its status.
                     let status = ending.lock().take();
                     if let Some(status) = status {
-                        let _ = built.send((0.0, Err(status))).await;
+                        let _ = built.send((None, Err(status))).await;
                     }
                     return;
                 };
-                let response = RateLimitQuotaResponse {
-                    bucket_action: actions.into_iter().map(|(b, a)| encode(&b, a)).collect(),
-                };
-                if built.send((at, Ok(response))).await.is_err() {
-                    return; // the client went away
+                // In messages of at most ANSWER_ACTIONS: the connection's task encodes each
+                // at once, on the runtime that answers decisions.
+                let mut actions = actions.into_iter().peekable();
+                while actions.peek().is_some() {
+                    let response = RateLimitQuotaResponse {
+                        bucket_action: actions
+                            .by_ref()
+                            .take(ANSWER_ACTIONS)
+                            .map(|(b, a)| encode(&b, a))
+                            .collect(),
+                    };
+                    let last = actions.peek().is_none().then_some(at);
+                    if built.send((last, Ok(response))).await.is_err() {
+                        return; // the client went away
+                    }
                 }
             }
         };
@@ -216,7 +230,9 @@ impl RateLimitQuotaService for RlqsService {
         let answers = tonic::codegen::tokio_stream::StreamExt::map(
             tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(answers),
             move |(at, answer)| {
-                sent.mark_drained(at);
+                if let Some(at) = at {
+                    sent.mark_drained(at);
+                }
                 answer
             },
         );
