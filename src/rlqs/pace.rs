@@ -21,11 +21,13 @@ pub fn of_stream(cap: usize) -> Pace {
     Pace::new(cap as f64 * HEADROOM / REPORT_INTERVAL, cap as f64)
 }
 
-/// The pace of the instance, whose bucket cap is `cap` and streams' `stream_cap`: twice what
-/// Envoys holding every bucket send (40,000 usages a second with the default 100,000), and a
-/// whole report at once.
+/// The pace of the instance, whose bucket cap is `cap` and streams' `stream_cap`: what Envoys
+/// holding every bucket send (20,000 usages a second with the default 100,000: a report
+/// past it waits for the next turn, it is not lost), and a whole report at once. Ten streams
+/// flooding at twice that took ShouldRateLimit's p99 to 3.5 times its quiet figure on two
+/// cores, three streams (at about this pace) to 1.7 times (docs/performance.md).
 pub fn of_instance(cap: usize, stream_cap: usize) -> Pace {
-    let rate = (cap as f64 * HEADROOM / REPORT_INTERVAL).max(stream_cap as f64);
+    let rate = (cap as f64 / REPORT_INTERVAL).max(stream_cap as f64);
     Pace::new(rate, rate.max(stream_cap as f64))
 }
 
