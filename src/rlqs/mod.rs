@@ -22,9 +22,9 @@ mod metrics;
 mod outbox;
 mod pace;
 mod quotas;
+mod server;
 mod share;
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,14 +34,11 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Kind, QuotaAssignmentAction,
 };
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
-    RateLimitQuotaService, RateLimitQuotaServiceServer,
-};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
-use futures_util::Stream;
+use prost::Message as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::traces::{Method, Tracing};
@@ -61,7 +58,7 @@ pub use share::{Budget, Share, divide};
 pub const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
 
 /// Most bucket actions in one answer: a renewal of a stream's 10,000 buckets goes out as
-/// twenty messages, each encoded in a fraction of a millisecond by the connection's task.
+/// twenty messages, so that the connection writes it in pieces between other streams' frames.
 const ANSWER_ACTIONS: usize = 500;
 
 /// The gRPC service over [`Quotas`].
@@ -112,22 +109,17 @@ impl RlqsService {
     }
 
     /// The tonic server wrapping this service.
-    pub fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
-        RateLimitQuotaServiceServer::new(self).max_decoding_message_size(MAX_REPORT_BYTES)
+    pub fn into_server(self) -> server::RlqsServer {
+        server::RlqsServer::new(self)
     }
 }
 
-/// The stream of answers of one Envoy.
-type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl RateLimitQuotaService for RlqsService {
-    type StreamRateLimitQuotasStream = Answers;
-
-    async fn stream_rate_limit_quotas(
+impl RlqsService {
+    /// Opens a stream: its reports are read and its answers built and encoded on the lane.
+    fn stream(
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
-    ) -> Result<Response<Answers>, Status> {
+    ) -> Result<Response<server::Answers>, Status> {
         let (id, outbox) = self.quotas.open(peer_of(&request))?;
         let headers = request.metadata().clone().into_headers();
         let mut inbound = request.into_inner();
@@ -208,8 +200,8 @@ impl RateLimitQuotaService for RlqsService {
                     }
                     return;
                 };
-                // In messages of at most ANSWER_ACTIONS: the connection's task encodes each
-                // at once, on the runtime that answers decisions.
+                // In messages of at most ANSWER_ACTIONS, encoded here: the connection's task
+                // (on the runtime that answers decisions) only copies their bytes.
                 let mut actions = actions.into_iter().peekable();
                 while actions.peek().is_some() {
                     let response = RateLimitQuotaResponse {
@@ -219,6 +211,7 @@ impl RateLimitQuotaService for RlqsService {
                             .map(|(b, a)| encode(&b, a))
                             .collect(),
                     };
+                    let response = tonic::codegen::Bytes::from(response.encode_to_vec());
                     let last = actions.peek().is_none().then_some(at);
                     if built.send((last, Ok(response))).await.is_err() {
                         return; // the client went away
