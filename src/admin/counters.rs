@@ -4,6 +4,7 @@
 //! writes it: one descriptor, its entries in order). The
 //! answers are the gRPC API's messages in proto3 JSON (lowerCamelCase names, enums by name).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use axum::Extension;
@@ -62,42 +63,12 @@ pub(super) async fn get(State(state): State<AdminState>, RawQuery(query): RawQue
 /// `GET /counters?domain=D&bucket=K=V,K2=V2`: what an RLQS bucket gets (its pairs unordered,
 /// as Envoy sends them).
 fn bucket(state: &AdminState, query: &str) -> Response {
+    let (domain, pairs) = match parse_bucket_query(query) {
+        Ok(parsed) => parsed,
+        Err(e) => return bad_request(e),
+    };
     let Some(quotas) = &state.rlqs else {
         return bad_request("this server has no RLQS face".into());
-    };
-    let mut domain = None;
-    let mut pairs = std::collections::HashMap::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = match percent_decode(value) {
-            Ok(value) => value,
-            Err(e) => return bad_request(e),
-        };
-        match name {
-            "domain" => domain = Some(value),
-            "bucket" => {
-                for part in value.split(',') {
-                    let Some((key, value)) = part.split_once('=') else {
-                        return bad_request(format!("bucket pair `{part}` is not KEY=VALUE"));
-                    };
-                    if pairs.len() == crate::rlqs::MAX_PAIRS {
-                        return bad_request(format!(
-                            "more than {} bucket pairs",
-                            crate::rlqs::MAX_PAIRS
-                        ));
-                    }
-                    pairs.insert(key.to_owned(), value.to_owned());
-                }
-            }
-            other => {
-                return bad_request(format!(
-                    "unknown query parameter `{other}` (expected domain and bucket)"
-                ));
-            }
-        }
-    }
-    let Some(domain) = domain else {
-        return bad_request("the query must name a domain: ?domain=D&bucket=KEY=VALUE".into());
     };
     let key = match crate::rlqs::BucketKey::new(&pairs) {
         Ok(key) => key,
@@ -105,6 +76,41 @@ fn bucket(state: &AdminState, query: &str) -> Response {
     };
     let view = quotas.explain(&domain, &key);
     axum::Json(bucket_json(&api::bucket_to_proto(domain, &view))).into_response()
+}
+
+/// `domain=D&bucket=K=V,K2=V2` → the domain and the bucket's pairs. A bucket id is a map, so
+/// a key given twice is refused rather than one of its values kept.
+fn parse_bucket_query(query: &str) -> Result<(String, HashMap<String, String>), String> {
+    let mut domain = None;
+    let mut pairs = HashMap::new();
+    for (name, value) in parameters(query, &["domain", "bucket"])? {
+        match name {
+            "domain" => domain = Some(value),
+            "bucket" => {
+                for part in value.split(',') {
+                    let (key, pair_value) = part
+                        .split_once('=')
+                        .ok_or_else(|| format!("bucket pair `{part}` is not KEY=VALUE"))?;
+                    if pairs.len() == crate::rlqs::MAX_PAIRS {
+                        return Err(format!("more than {} bucket pairs", crate::rlqs::MAX_PAIRS));
+                    }
+                    if pairs
+                        .insert(key.to_owned(), pair_value.to_owned())
+                        .is_some()
+                    {
+                        return Err(format!("bucket key `{key}` is repeated in `{value}`"));
+                    }
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown query parameter `{other}` (expected domain and bucket)"
+                ));
+            }
+        }
+    }
+    let domain = domain.ok_or("the query must name a domain: ?domain=D&bucket=KEY=VALUE")?;
+    Ok((domain, pairs))
 }
 
 /// An RLQS bucket's explanation in proto3 JSON.
@@ -192,9 +198,7 @@ fn error_response(error: LimitError) -> Response {
 fn parse_query(query: &str) -> Result<(String, Descriptor), String> {
     let mut domain = None;
     let mut entries = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_decode(value)?;
+    for (name, value) in parameters(query, &["domain", "descriptor"])? {
         match name {
             "domain" => domain = Some(value),
             "entry" | "descriptor" => {
@@ -235,6 +239,30 @@ fn parse_query(query: &str) -> Result<(String, Descriptor), String> {
             hits: 0,
         },
     ))
+}
+
+/// A query's parameters in order, their values decoded. A parameter in `once` given twice is
+/// an error naming it: keeping the last (or merging them) would answer for something the
+/// caller did not ask about (`bucket=tenant=a&bucket=plan=free` is not the bucket
+/// `tenant=a,plan=free`).
+fn parameters<'q>(query: &'q str, once: &[&str]) -> Result<Vec<(&'q str, String)>, String> {
+    let mut parameters: Vec<(&str, String)> = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if once.contains(&name) && parameters.iter().any(|(seen, _)| *seen == name) {
+            return Err(match name {
+                "bucket" => "query parameter `bucket` is repeated: name one bucket, its pairs \
+                             joined by commas (bucket=K=V,K2=V2)"
+                    .to_owned(),
+                "descriptor" => "query parameter `descriptor` is repeated: name one descriptor, \
+                                 its entries joined by commas (descriptor=K=V,K2=V2)"
+                    .to_owned(),
+                _ => format!("query parameter `{name}` is repeated (it may occur once)"),
+            });
+        }
+        parameters.push((name, percent_decode(value)?));
+    }
+    Ok(parameters)
 }
 
 fn percent_decode(text: &str) -> Result<String, String> {
@@ -356,6 +384,16 @@ mod tests {
             (d.entries[1].key.as_str(), d.entries[1].value.as_str()),
             ("path", "/login")
         );
+        for (twice, name) in [
+            ("domain=api&entry=k=v&domain=web", "domain"),
+            ("domain=api&descriptor=a=1&descriptor=b=2", "descriptor"),
+        ] {
+            let error = parse_query(twice).unwrap_err();
+            assert!(
+                error.contains(&format!("query parameter `{name}` is repeated")),
+                "{twice} → {error}"
+            );
+        }
         let many = format!("domain=d{}", "&entry=k=v".repeat(MAX_QUERY_ENTRIES + 1));
         assert!(parse_query(&many).unwrap_err().contains("more than"));
     }

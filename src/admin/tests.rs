@@ -142,3 +142,40 @@ async fn rlconfig_lists_sorted_rules_and_the_store() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn counters_refuses_a_parameter_given_twice_naming_it() {
+    let router = router(state(true));
+    for (uri, name) in [
+        ("/counters?domain=d&domain=e&entry=k=v", "domain"),
+        (
+            "/counters?domain=d&descriptor=k=v&descriptor=z=w",
+            "descriptor",
+        ),
+        (
+            "/counters?domain=api&bucket=tenant=a&bucket=plan=free",
+            "bucket",
+        ),
+        ("/counters?domain=api&bucket=tenant=a&domain=api", "domain"),
+    ] {
+        let (status, text) = send(&router, "GET", uri, "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri} → {text}");
+        assert!(
+            text.contains(&format!("query parameter `{name}` is repeated")),
+            "{uri} → {text}"
+        );
+    }
+    let (status, text) = send(
+        &router,
+        "GET",
+        "/counters?domain=api&bucket=tenant=a,tenant=b",
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("bucket key `tenant` is repeated"), "{text}");
+    // `entry` is one per entry: given twice, it names a descriptor of two entries.
+    let (status, text) = send(&router, "GET", "/counters?domain=d&entry=k=v&entry=z=w", "").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains(r#""key":"z""#), "{text}");
+}

@@ -73,6 +73,18 @@ async fn a_bucket_is_explained_over_http_and_by_the_cli() {
         .await
         .unwrap();
     assert_eq!(status, 400, "{body}");
+    // Two `bucket` parameters are not one bucket of both pairs.
+    let (status, body) = http_get(
+        sluice.http_addr,
+        "/counters?domain=rq&bucket=tenant=acme&bucket=plan=free",
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("query parameter `bucket` is repeated"),
+        "{body}"
+    );
     // The same through the admin gRPC API.
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
