@@ -85,7 +85,7 @@ pub struct ListenArgs {
     admin_max_connections: NonZeroUsize,
 
     /// Time an admin HTTP client has to send a request's headers; also how long an idle
-    /// keep-alive connection is kept
+    /// keep-alive connection is kept, and how long an answer may wait for the client to read
     #[arg(long, env = "ADMIN_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
     admin_header_timeout: Duration,
 
@@ -94,7 +94,8 @@ pub struct ListenArgs {
     grpc_max_connections: NonZeroUsize,
 
     /// Time a gRPC client has from connecting to the end of its TLS handshake and HTTP/2
-    /// preface
+    /// preface; also for a unary call's message to arrive whole after its headers, and how
+    /// long an answer may wait for the client to read
     #[arg(long, env = "GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
     grpc_handshake_timeout: Duration,
 
