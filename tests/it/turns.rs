@@ -206,3 +206,51 @@ async fn saturation_shows_in_a_metric_and_in_readiness() {
     })
     .await;
 }
+
+/// Turns go fairly by connection: one connection with twenty requests waiting behind four
+/// turns (each held for the deadline of a paused Redis) does not keep a fresh connection's
+/// request waiting behind all of them: it is served with the next turn given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_connection_is_served_before_a_greedy_ones_queue() {
+    let redis = crate::common::redis::RedisServer::start();
+    let mut settings = Settings::for_tests(config_dir("turns-fair", &[("c.yaml", CONFIG)]));
+    settings.backend = Backend::Redis;
+    settings.redis = Some(RedisOptions::new(redis.url(), RedisKind::Single));
+    let deadline = Duration::from_millis(500);
+    settings.resilience = ResilienceOptions {
+        deadline,
+        breaker_failures: 1_000,
+        ..ResilienceOptions::default()
+    };
+    settings.grpc_max_in_flight = 4;
+    let server = TestServer::start_with(settings).await;
+    redis.pause();
+    let addr = server.grpc_addr.to_string();
+    let greedy = crate::common::DomainClient::connect(&addr, "c");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut asking = Vec::new();
+    for i in 0..24 {
+        let (greedy, done) = (greedy.clone(), done.clone());
+        asking.push(tokio::spawn(async move {
+            greedy.hit(&format!("k=g{i}")).await;
+            done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+    }
+    // The greedy connection holds the four turns and twenty wait: the metric says so.
+    crate::common::eventually("the greedy requests wait", || async {
+        let page = http_get(server.http_addr, "/metrics").await.unwrap().1;
+        metric::<i64>(&page, "sluice_grpc_in_flight_waits_total").unwrap_or(0) >= 20
+    })
+    .await;
+    let fresh = crate::common::DomainClient::connect(&addr, "c");
+    fresh.hit("k=fresh").await;
+    let before = done.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        before <= 8,
+        "the fresh request waited behind {before} of the greedy connection's 24"
+    );
+    redis.resume();
+    for a in asking {
+        a.await.unwrap();
+    }
+}
