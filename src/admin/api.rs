@@ -108,7 +108,7 @@ impl Admin for AdminService {
     ) -> Result<Response<proto::ResetResponse>, Status> {
         let info = request
             .extensions()
-            .get::<crate::net::connection::PeerInfo>()
+            .get::<crate::net::grpc::PeerInfo>()
             .cloned();
         let peer = info.as_ref().and_then(|i| i.remote_addr);
         let authorization = request

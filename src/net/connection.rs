@@ -1,4 +1,6 @@
-//! Bounds on the connections a listener accepts, shared by the gRPC and admin servers:
+//! Bounds on the connections a listener accepts, shared by the gRPC and admin servers (one
+//! file: the acceptor and the connections it hands out share the table of those that may be
+//! closed to make room):
 //!
 //! - at most `max_connections` open at once: past it the listener is not polled until one
 //!   closes, so the excess waits in the kernel's accept backlog instead of holding file
@@ -14,6 +16,9 @@
 //! - on the admin ports ([`Guarded::evictable_when_idle`]) a connection stays among those
 //!   that can be closed for as long as it is not answering a request (a slow request head,
 //!   an idle keep-alive), so silent or slow clients never keep a health check out;
+//! - a write deadline ([`Guarded::stalling_after`]): a write that waits that long for the
+//!   peer to read fails, and the connection with it, so a client that never reads its
+//!   answers holds neither them nor its connection;
 //! - TCP keepalive on every accepted socket, so connections to vanished peers end.
 //!
 //! Once the first bytes are in, reads go straight to the socket: the hot path pays one
@@ -26,7 +31,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -34,7 +38,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::codegen::tokio_stream::StreamExt as _;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming, TlsConnectInfo};
+use tonic::transport::server::TcpIncoming;
 
 use super::turns::{Peer, Turns};
 
@@ -519,64 +523,14 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 }
 
-/// What a gRPC request knows of its connection (its connection info, in the request's
-/// extensions): the remote address, the client's certificates under mutual TLS, and the
-/// [`Peer`] its requests take their turns as.
-#[derive(Clone)]
-pub struct PeerInfo {
-    /// The remote address.
-    pub remote_addr: Option<std::net::SocketAddr>,
-    /// The client's certificate chain, when it sent one over TLS.
-    pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
-    /// The connection's turns and reading room, when the listener gives them.
-    pub peer: Option<Arc<Peer>>,
-}
-
-impl PeerInfo {
-    /// The connection info of `request`, if it came over one of these listeners.
-    pub fn of<B>(request: &tonic::codegen::http::Request<B>) -> Option<&PeerInfo> {
-        request.extensions().get::<PeerInfo>()
-    }
-}
-
-/// What the transports' own connection info says of the remote end.
-pub trait Describe {
-    /// The remote address.
-    fn remote_addr(&self) -> Option<std::net::SocketAddr>;
-    /// The client's certificates, under TLS.
-    fn certs(&self) -> Option<Arc<Vec<CertificateDer<'static>>>> {
-        None
-    }
-}
-
-impl Describe for TcpConnectInfo {
-    fn remote_addr(&self) -> Option<std::net::SocketAddr> {
-        TcpConnectInfo::remote_addr(self)
-    }
-}
-
-impl Describe for TlsConnectInfo<TcpConnectInfo> {
-    fn remote_addr(&self) -> Option<std::net::SocketAddr> {
-        self.get_ref().remote_addr()
+impl<IO> Guarded<IO> {
+    /// The connection underneath.
+    pub fn io(&self) -> &IO {
+        &self.io
     }
 
-    fn certs(&self) -> Option<Arc<Vec<CertificateDer<'static>>>> {
-        self.peer_certs()
-    }
-}
-
-impl<IO: Connected> Connected for Guarded<IO>
-where
-    IO::ConnectInfo: Describe,
-{
-    type ConnectInfo = PeerInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        let info = self.io.connect_info();
-        PeerInfo {
-            remote_addr: info.remote_addr(),
-            certs: info.certs(),
-            peer: self.peer.clone(),
-        }
+    /// The connection's peer, on the gRPC listeners.
+    pub fn peer(&self) -> Option<&Arc<Peer>> {
+        self.peer.as_ref()
     }
 }

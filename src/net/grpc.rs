@@ -27,7 +27,10 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{Bytes, http};
 
-use super::connection::PeerInfo;
+use rustls::pki_types::CertificateDer;
+use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
+
+use super::connection::Guarded;
 use super::turns::{MAX_READING_BYTES, Peer, Turns};
 
 /// Ties requests to their connection and bounds their messages (see the module docs).
@@ -208,6 +211,68 @@ impl http_body::Body for Reading {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// What a gRPC request knows of its connection (its connection info, in the request's
+/// extensions): the remote address, the client's certificates under mutual TLS, and the
+/// [`Peer`] its requests take their turns as.
+#[derive(Clone)]
+pub struct PeerInfo {
+    /// The remote address.
+    pub remote_addr: Option<std::net::SocketAddr>,
+    /// The client's certificate chain, when it sent one over TLS.
+    pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+    /// The connection's turns and reading room, when the listener gives them.
+    pub peer: Option<Arc<Peer>>,
+}
+
+impl PeerInfo {
+    /// The connection info of `request`, if it came over one of these listeners.
+    pub fn of<B>(request: &tonic::codegen::http::Request<B>) -> Option<&PeerInfo> {
+        request.extensions().get::<PeerInfo>()
+    }
+}
+
+/// What the transports' own connection info says of the remote end.
+pub trait Describe {
+    /// The remote address.
+    fn remote_addr(&self) -> Option<std::net::SocketAddr>;
+    /// The client's certificates, under TLS.
+    fn certs(&self) -> Option<Arc<Vec<CertificateDer<'static>>>> {
+        None
+    }
+}
+
+impl Describe for TcpConnectInfo {
+    fn remote_addr(&self) -> Option<std::net::SocketAddr> {
+        TcpConnectInfo::remote_addr(self)
+    }
+}
+
+impl Describe for TlsConnectInfo<TcpConnectInfo> {
+    fn remote_addr(&self) -> Option<std::net::SocketAddr> {
+        self.get_ref().remote_addr()
+    }
+
+    fn certs(&self) -> Option<Arc<Vec<CertificateDer<'static>>>> {
+        self.peer_certs()
+    }
+}
+
+impl<IO: Connected> Connected for Guarded<IO>
+where
+    IO::ConnectInfo: Describe,
+{
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        let info = self.io().connect_info();
+        PeerInfo {
+            remote_addr: info.remote_addr(),
+            certs: info.certs(),
+            peer: self.peer().cloned(),
+        }
     }
 }
 

@@ -256,9 +256,7 @@ fn refuse(quotas: &Quotas, status: &Status, ending: &parking_lot::Mutex<Option<S
 /// certificate under mutual TLS either: Envoys commonly share one, and would then share one
 /// part of every budget.
 fn peer_of<T>(request: &Request<T>) -> budget::PeerId {
-    let info = request
-        .extensions()
-        .get::<crate::net::connection::PeerInfo>();
+    let info = request.extensions().get::<crate::net::grpc::PeerInfo>();
     let Some(addr) = info.and_then(|i| i.remote_addr) else {
         return 0;
     };

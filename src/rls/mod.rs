@@ -207,7 +207,7 @@ impl RateLimitService for RlsService {
         // The message is in: a turn of GRPC_MAX_IN_FLIGHT, fairly between connections.
         let peer = request
             .extensions()
-            .get::<crate::net::connection::PeerInfo>()
+            .get::<crate::net::grpc::PeerInfo>()
             .and_then(|info| info.peer.as_ref());
         let _turn = match peer {
             Some(peer) => Some(peer.turn().await),
