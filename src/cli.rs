@@ -18,6 +18,20 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Parses `args`, reading the environment through `get`, where an empty variable counts
+    /// as unset ([`crate::settings::empty_env_is_unset`]).
+    pub fn try_parse_with_env(
+        args: impl IntoIterator<Item = std::ffi::OsString>,
+        get: &dyn Fn(&std::ffi::OsStr) -> Option<std::ffi::OsString>,
+    ) -> Result<Self, clap::Error> {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let command = crate::settings::empty_env_is_unset(Self::command(), get);
+        let mut matches = command.try_get_matches_from(args)?;
+        Self::from_arg_matches_mut(&mut matches)
+    }
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -4,7 +4,6 @@ use std::process::ExitCode;
 
 use std::io::Write as _;
 
-use clap::Parser;
 use sluice::cli::{Cli, Command};
 use sluice::tools::{ToolError, admin, bench, check, trivial};
 use sluice::{app, config, settings, shutdown};
@@ -67,7 +66,7 @@ fn arguments() -> Vec<std::ffi::OsString> {
 }
 
 async fn run() -> ExitCode {
-    let cli = match Cli::try_parse_from(arguments()) {
+    let cli = match Cli::try_parse_with_env(arguments(), &|name| std::env::var_os(name)) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             let _ = e.print(); // --help, --version

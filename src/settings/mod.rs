@@ -11,14 +11,14 @@
 //!   config source, store, failure policy, requests, responses, telemetry, shutdown);
 //! - [`reference`](mod@reference): every envoyproxy/ratelimit variable and what Sluice does with it;
 //! - `parse`: the value parsers: booleans, durations, ratios, header names, log levels and
-//!   addresses as operators write them.
+//!   addresses as operators write them; an empty environment variable read as an unset one.
 
 mod args;
 mod parse;
 pub mod reference;
 
 pub use args::ServeArgs;
-pub use parse::{parse_bool, parse_duration, switch};
+pub use parse::{empty_env_is_unset, parse_bool, parse_duration, switch};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

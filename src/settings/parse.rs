@@ -1,11 +1,13 @@
 //! Values as operators write them, as clap value parsers: booleans the Go way, durations like
-//! `15s`, ratios, header names, log levels, addresses. clap names the flag (and `main` the
+//! `15s`, ratios, header names, log levels, addresses; and an empty environment variable as
+//! an unset one. clap names the flag (and `main` the
 //! environment variable) in front of each message here.
 
+use std::ffi::{OsStr, OsString};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use clap::{Arg, ArgAction};
+use clap::{Arg, ArgAction, Command};
 
 /// Gives every boolean argument of a command one shape: `--flag` (true), `--flag=false` or
 /// `--flag false`, and in the flag or its variable the reference's `true/false/1/0` (see
@@ -26,6 +28,30 @@ pub fn switch(arg: Arg) -> Arg {
         .default_value(if on { "true" } else { "false" })
         .default_missing_value("true")
         .value_parser(parse_bool)
+}
+
+/// `command` and its subcommands with every environment variable that is set to the empty
+/// string read as if it were not set: the argument takes its default (or stays unset). A
+/// templated manifest writes `DEBUG_PORT: ""` for a value it leaves out, and OpenTelemetry's
+/// rule for its variables is the same. `get` looks a variable up (the process environment in
+/// `main`). An empty value that a setting cannot do without is then reported as missing, under
+/// the variable's name, by the check that needs it (`REDIS_URL` for the redis backend).
+pub fn empty_env_is_unset(command: Command, get: &dyn Fn(&OsStr) -> Option<OsString>) -> Command {
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .collect();
+    let mut command = command.mut_args(|arg| {
+        let empty = arg
+            .get_env()
+            .and_then(get)
+            .is_some_and(|value| value.is_empty());
+        if empty { arg.env(None) } else { arg }
+    });
+    for name in names {
+        command = command.mut_subcommand(name, |c| empty_env_is_unset(c, get));
+    }
+    command
 }
 
 /// Parses a boolean the way the reference service (Go's `strconv.ParseBool`) does, plus

@@ -397,3 +397,36 @@ fn rlqs_ttls_are_whole_seconds_of_at_least_two_and_every_process_claims_apart() 
         .expect("the name first");
     assert_eq!(nonce.len(), 8, "{}", s.rlqs.instance);
 }
+
+#[test]
+fn an_empty_environment_variable_is_read_as_unset() {
+    use clap::CommandFactory;
+    use std::ffi::{OsStr, OsString};
+    let reads = |command: &clap::Command, name: &str| {
+        command
+            .get_arguments()
+            .any(|a| a.get_env().is_some_and(|v| v == name))
+    };
+    // A templated manifest that leaves every value out: no argument reads its variable, so
+    // each takes its default (DEBUG_PORT= leaves the debug listener off).
+    let all_empty = |_: &OsStr| Some(OsString::new());
+    let cli = super::empty_env_is_unset(crate::cli::Cli::command(), &all_empty);
+    for sub in ["serve", "validate"] {
+        let command = cli.find_subcommand(sub).unwrap();
+        let still: Vec<_> = command
+            .get_arguments()
+            .filter_map(|a| a.get_env())
+            .collect();
+        assert!(still.is_empty(), "{sub} still reads {still:?}");
+    }
+    // A variable with a value is still read; one not set at all reads as before.
+    let debug_port = |name: &OsStr| (name == "DEBUG_PORT").then(|| OsString::from("6071"));
+    let command = super::empty_env_is_unset(
+        <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve")),
+        &debug_port,
+    );
+    assert!(reads(&command, "DEBUG_PORT") && reads(&command, "DEBUG_HOST"));
+    // Where the value cannot be done without, the error names the variable.
+    let err = settings(&["--backend", "redis", "--redis-url", ""]).unwrap_err();
+    assert!(err.contains("REDIS_URL"), "{err}");
+}

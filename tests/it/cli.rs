@@ -474,6 +474,43 @@ async fn the_debug_listener_serves_rlconfig() {
     drop(served);
 }
 
+/// A templated manifest writes `NAME: ""` for each value it leaves out: under the reference's
+/// name, with every variable the reference reads set empty, Sluice serves on its defaults
+/// (`DEBUG_HOST=`/`DEBUG_PORT=` leave the debug listener off); where a value cannot be done
+/// without, the error names its variable.
+#[test]
+fn empty_environment_variables_are_unset() {
+    let dir = crate::common::config_dir("cli-empty-env", &[("c.yaml", CONFIG)]);
+    let empty: Vec<(&str, &str)> = sluice::settings::reference::VARIABLES
+        .iter()
+        // The test reads the "serving" line, logged at info.
+        .filter(|(name, _)| *name != "LOG_LEVEL")
+        .map(|(name, _)| (*name, ""))
+        .collect();
+    assert!(empty.iter().any(|(name, _)| *name == "DEBUG_PORT"));
+    let served = SluiceProcess::spawn_as_reference(&dir, &[], &empty);
+    assert!(
+        !served
+            .startup_log
+            .iter()
+            .any(|line| line.contains("on the debug listener too")),
+        "{:?}",
+        served.startup_log
+    );
+    drop(served);
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&dir)
+        .env("BACKEND_TYPE", "redis")
+        .env("REDIS_URL", "")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("(REDIS_URL)"), "{stderr}");
+}
+
 /// `deploy/envoy-gateway/`: the Helm values put Sluice's image in the rate limit Deployment
 /// with a Redis backend, and the policy example is a global limit.
 #[test]

@@ -88,7 +88,8 @@ fn settings_page() -> String {
          variable of envoyproxy/ratelimit with the reference's default beside Sluice's. Do not\n\
          edit by hand: `UPDATE_DOCS=1 cargo test --test it docs_reference` renders it again\n\
          (and the test fails when this page and the code differ).\n\n\
-         A setting is read from its flag, else its environment variable, else the default.\n",
+         A setting is read from its flag, else its environment variable, else the default; an\n\
+         environment variable set to the empty string counts as not set.\n",
     );
     let mut headings: Vec<String> = Vec::new();
     let mut by_heading: HashMap<String, Vec<&clap::Arg>> = HashMap::new();

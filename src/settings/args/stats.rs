@@ -110,15 +110,18 @@ fn mogrifiers(
             .ok_or_else(|| {
                 bad(
                     "PATTERN",
-                    format!("not set: mogrifier {id} needs a pattern"),
+                    format!("empty or not set: mogrifier {id} needs a pattern"),
                 )
             })?;
         let compiled =
             regex::Regex::new(&pattern).map_err(|e| bad("PATTERN", format!("'{pattern}': {e}")))?;
         let groups = compiled.captures_len() - 1;
-        let name = env(&var("NAME"))
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| bad("NAME", format!("not set: mogrifier {id} needs a name")))?;
+        let name = env(&var("NAME")).filter(|n| !n.is_empty()).ok_or_else(|| {
+            bad(
+                "NAME",
+                format!("empty or not set: mogrifier {id} needs a name"),
+            )
+        })?;
         protocol_safe(&name, Some(groups)).map_err(|m| bad("NAME", m))?;
         let tags = match env(&var("TAGS")) {
             Some(text) => parse_map(&text).map_err(|m| bad("TAGS", m))?,
