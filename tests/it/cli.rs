@@ -601,3 +601,50 @@ fn stats_tags_that_would_break_a_line_stop_startup() {
         assert!(stderr.contains(named), "{stderr}");
     }
 }
+
+/// The reference's mogrifier templates expand `$1`, `$2`, ... only: a template naming a group
+/// (`${domain}`) would send its `$` and braces as written, so it stops start-up, naming the
+/// variable, the template and the `$n` to write.
+#[test]
+fn a_mogrifier_naming_a_group_by_name_stops_startup() {
+    let dir = crate::common::config_dir("cli-named-group", &[("c.yaml", CONFIG)]);
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .env("USE_DOG_STATSD", "true")
+        .env("USE_DOG_STATSD_MOGRIFIERS", "HITS")
+        .env(
+            "DOG_STATSD_MOGRIFIER_HITS_PATTERN",
+            r"^ratelimit\.service\.rate_limit\.(?P<domain>[^.]+)\.(.*)$",
+        )
+        .env("DOG_STATSD_MOGRIFIER_HITS_NAME", "ratelimit.$2")
+        .env("DOG_STATSD_MOGRIFIER_HITS_TAGS", "domain:${domain}")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A server that accepts the template runs on: stop it rather than wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice serve started with a template naming a group");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("DOG_STATSD_MOGRIFIER_HITS_TAGS")
+            && stderr.contains("'${domain}'")
+            && stderr.contains("write $1"),
+        "{stderr}"
+    );
+}

@@ -21,7 +21,8 @@ pub struct StatsdSettings {
 }
 
 /// A DogStatsD mogrifier: a stat whose name matches `pattern` is sent as `name` with `tags`,
-/// where `$1`, `$2`, ... are the pattern's groups.
+/// where `$1`, `$2`, ... are the pattern's groups (the settings refuse a group named any other
+/// way, which the reference would send as written).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mogrifier {
     /// Its name in `USE_DOG_STATSD_MOGRIFIERS`.

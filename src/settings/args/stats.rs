@@ -115,21 +115,20 @@ fn mogrifiers(
             })?;
         let compiled =
             regex::Regex::new(&pattern).map_err(|e| bad("PATTERN", format!("'{pattern}': {e}")))?;
-        let groups = compiled.captures_len() - 1;
         let name = env(&var("NAME")).filter(|n| !n.is_empty()).ok_or_else(|| {
             bad(
                 "NAME",
                 format!("empty or not set: mogrifier {id} needs a name"),
             )
         })?;
-        protocol_safe(&name, Some(groups)).map_err(|m| bad("NAME", m))?;
+        protocol_safe(&name, Some(&compiled)).map_err(|m| bad("NAME", m))?;
         let tags = match env(&var("TAGS")) {
             Some(text) => parse_map(&text).map_err(|m| bad("TAGS", m))?,
             None => Vec::new(),
         };
         for (key, value) in &tags {
-            protocol_safe(key, Some(groups))
-                .and_then(|()| protocol_safe(value, Some(groups)))
+            protocol_safe(key, Some(&compiled))
+                .and_then(|()| protocol_safe(value, Some(&compiled)))
                 .map_err(|m| bad("TAGS", m))?;
         }
         out.push(Mogrifier {
@@ -148,9 +147,10 @@ const MAX_TAG_BYTES: usize = 200;
 /// Checks that `text` (a tag or a mogrifier's template) cannot break a stats line: no
 /// control character (a newline ends the line), no `|` (the protocol's field separator), no
 /// `#` (DogStatsD's tag list) and no `,` (the separator between tags), at most
-/// [`MAX_TAG_BYTES`], and (for a mogrifier's templates) every `$n` names one of its
-/// pattern's `groups`.
-fn protocol_safe(text: &str, groups: Option<usize>) -> Result<(), String> {
+/// [`MAX_TAG_BYTES`]; and, for a mogrifier's templates, that every `$n` names one of its
+/// `pattern`'s groups and none names a group as `${..}` or `$name`: the reference expands
+/// only `$n`, so those would be sent as written, `$` included.
+fn protocol_safe(text: &str, pattern: Option<&regex::Regex>) -> Result<(), String> {
     if text.len() > MAX_TAG_BYTES {
         return Err(format!(
             "'{}...' is longer than {MAX_TAG_BYTES} bytes",
@@ -166,15 +166,19 @@ fn protocol_safe(text: &str, groups: Option<usize>) -> Result<(), String> {
             text.escape_debug()
         ));
     }
-    let Some(groups) = groups else {
+    let Some(pattern) = pattern else {
         return Ok(());
     };
+    let groups = pattern.captures_len() - 1;
     let mut rest = text;
     while let Some(at) = rest.find('$') {
-        let digits: String = rest[at + 1..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
+        let after = &rest[at + 1..];
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        if digits.is_empty()
+            && let Some(group) = group_by_name(after, pattern)
+        {
+            return Err(named_group(text, group, pattern));
+        }
         if let Ok(n) = digits.parse::<usize>()
             && n > groups
         {
@@ -182,9 +186,46 @@ fn protocol_safe(text: &str, groups: Option<usize>) -> Result<(), String> {
                 "'{text}' names ${n}, but the pattern has {groups} group(s)"
             ));
         }
-        rest = &rest[at + 1 + digits.len()..];
+        rest = &after[digits.len()..];
     }
     Ok(())
+}
+
+/// The group a template names just after a `$` other than as `$n`: anything in braces
+/// (`${domain}`, `${1}`, as Go's and the regex crate's templates write a group), or a name
+/// of one of `pattern`'s groups (`$domain`; other text after a `$` is sent as written).
+fn group_by_name<'t>(after: &'t str, pattern: &regex::Regex) -> Option<&'t str> {
+    if let Some(braced) = after.strip_prefix('{') {
+        let end = braced.find('}').unwrap_or(braced.len());
+        return Some(&braced[..end]);
+    }
+    let end = after
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(after.len());
+    let name = &after[..end];
+    pattern
+        .capture_names()
+        .flatten()
+        .any(|group| group == name)
+        .then_some(name)
+}
+
+/// The refusal of a template naming `group` other than as `$n`, with the `$n` to write.
+fn named_group(text: &str, group: &str, pattern: &regex::Regex) -> String {
+    let number = group
+        .parse::<usize>()
+        .ok()
+        .or_else(|| pattern.capture_names().position(|name| name == Some(group)));
+    let instead = match number {
+        Some(n) if n < pattern.captures_len() => format!("write ${n}"),
+        _ => format!(
+            "the pattern has no group {group}; write $1 to ${} for its groups",
+            pattern.captures_len() - 1
+        ),
+    };
+    format!(
+        "'{text}' names the group {group} by name, which the reference's templates do not expand (only $1, $2, ...): {instead}"
+    )
 }
 
 /// `k:v,k2:v2`, in the order given (a tag's value may be `$1`).
@@ -286,6 +327,39 @@ mod tests {
         let err = mogrifiers("M", env("^a\\.(.*)$", "x", "k:$1|#y")).unwrap_err();
         assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_M_TAGS");
         assert!(mogrifiers("M", env("^a\\.(.*)$", "x.$1", "k:$1")).is_ok());
+    }
+
+    #[test]
+    fn a_template_naming_a_group_by_name_is_refused_with_its_number() {
+        let env = |name: &'static str, tags: &'static str| {
+            move |var: &str| match var {
+                "DOG_STATSD_MOGRIFIER_M_PATTERN" => {
+                    Some(r"^ratelimit\.service\.rate_limit\.(?P<domain>[^.]+)\.(.*)$".to_owned())
+                }
+                "DOG_STATSD_MOGRIFIER_M_NAME" => Some(name.to_owned()),
+                "DOG_STATSD_MOGRIFIER_M_TAGS" => Some(tags.to_owned()),
+                _ => None,
+            }
+        };
+        let err = mogrifiers("M", env("rl.${domain}", "")).unwrap_err();
+        assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_M_NAME");
+        assert!(
+            err.message.contains("'rl.${domain}'")
+                && err.message.contains("group domain by name")
+                && err.message.contains("write $1"),
+            "{}",
+            err.message
+        );
+        let err = mogrifiers("M", env("rl.$2", "domain:$domain")).unwrap_err();
+        assert_eq!(err.name, "DOG_STATSD_MOGRIFIER_M_TAGS");
+        assert!(err.message.contains("write $1"), "{}", err.message);
+        let err = mogrifiers("M", env("rl.${2}", "")).unwrap_err();
+        assert!(err.message.contains("write $2"), "{}", err.message);
+        let err = mogrifiers("M", env("rl.${zone}", "")).unwrap_err();
+        assert!(err.message.contains("no group zone"), "{}", err.message);
+        // Other text after a `$` is no group: sent as written, as the reference sends it.
+        let ok = mogrifiers("M", env("rl.$2", "currency:$usd")).unwrap();
+        assert_eq!(ok[0].tags, vec![("currency".into(), "$usd".into())]);
     }
 
     proptest::proptest! {
