@@ -152,7 +152,7 @@ impl Cx<'_> {
             let path = format!("{path}[{i}]");
             let key = raw.key.as_deref().unwrap_or_default();
             if key.is_empty() {
-                self.error(&path, "descriptor has empty key");
+                self.error(&format!("{path}.key"), "descriptor has empty key");
                 continue;
             }
             let value = raw.value.as_deref().filter(|v| !v.is_empty());

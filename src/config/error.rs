@@ -48,8 +48,7 @@ impl ConfigError {
                 message = stripped.to_owned();
             }
         }
-        // serde_yaml prefixes type errors with the tree path: `descriptors[0].unit: invalid ...`;
-        // a check made while parsing (`raw::Checked`) adds the rest of the path the same way.
+        // serde_yaml prefixes type errors with the tree path: `descriptors[0].unit: invalid ...`.
         let mut path = String::new();
         while let Some((head, rest)) = message.split_once(": ")
             && !head.contains(' ')

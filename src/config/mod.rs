@@ -9,6 +9,7 @@ mod compile;
 mod error;
 mod files;
 mod limits;
+mod locate;
 mod nesting;
 pub mod proto;
 pub mod raw;
@@ -118,20 +119,42 @@ pub(crate) fn policy_for_tests(yaml: &str) -> Policy {
         .unwrap_or_else(|errors| panic!("{errors:?}"))
 }
 
-/// Compiles in-memory config files, given as `(file name, YAML text)`, into a policy.
+/// Compiles in-memory config files, given as `(file name, YAML text)`, into a policy. Every
+/// error with a tree path is shown at the line of that path in its file's text.
 pub fn load_sources(
     sources: &[(String, String)],
     options: LoadOptions,
 ) -> Result<Policy, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let mut parsed: Vec<(String, raw::RawFile)> = Vec::with_capacity(sources.len());
+    // Where each parsed file's text is: its source's text and its document there.
+    let mut origins: Vec<(&str, usize)> = Vec::with_capacity(sources.len());
     for (name, text) in sources {
         match parse_documents(name, text) {
-            Ok(mut files) => parsed.append(&mut files),
+            Ok(files) => {
+                for (label, file, document) in files {
+                    parsed.push((label, file));
+                    origins.push((text, document));
+                }
+            }
             Err(mut e) => errors.append(&mut e),
         }
     }
-    compile_after(&parsed, errors, options)
+    compile_after(&parsed, errors, options).map_err(|mut errors| {
+        let mut budget = locate::MAX_LOCATED;
+        for error in errors.iter_mut().filter(|e| e.location.is_none()) {
+            // Compile errors name their file by its label; a label two documents share is
+            // located in the first.
+            let Some(at) = parsed.iter().position(|(label, _)| *label == error.file) else {
+                continue;
+            };
+            let (text, document) = origins[at];
+            if let Some((line, column)) = locate::within(&mut budget, text, document, &error.path) {
+                error.location = Some((line, column));
+            }
+        }
+        errors
+    })
 }
 
 /// Compiles `files`, adding its errors to those found before (`errors`, from reading or
@@ -157,7 +180,7 @@ fn compile_after(
 fn parse_documents(
     name: &str,
     text: &str,
-) -> Result<Vec<(String, raw::RawFile)>, Vec<ConfigError>> {
+) -> Result<Vec<(String, raw::RawFile, usize)>, Vec<ConfigError>> {
     use serde::Deserialize;
     limits::check(name, text).map_err(|e| vec![e])?;
     let mut documents = serde_yaml::Deserializer::from_str(text)
@@ -173,7 +196,7 @@ fn parse_documents(
         // One document: deserialized from the text, so that errors carry line and column.
         let value = documents.pop().unwrap_or(serde_yaml::Value::Null);
         let file = parse_file(name, text, &value)?;
-        return Ok(vec![(label(&file, 0, false), file)]);
+        return Ok(vec![(label(&file, 0, false), file, 0)]);
     }
     let mut files = Vec::new();
     let mut errors = Vec::new();
@@ -184,15 +207,19 @@ fn parse_documents(
         let place = format!("{name} (document {})", index + 1);
         let structural = raw::structure_errors(&document);
         if !structural.is_empty() {
-            errors.extend(
-                structural
-                    .into_iter()
-                    .map(|e| ConfigError::at_path(&place, &e.path, e.message)),
-            );
+            let mut budget = locate::MAX_LOCATED;
+            errors.extend(structural.into_iter().map(|e| {
+                let at = locate::within(&mut budget, text, index, &e.field_path());
+                let error = ConfigError::at_path(&place, &e.path, e.message);
+                match at {
+                    Some((line, column)) => error.with_location(line, column),
+                    None => error,
+                }
+            }));
             continue;
         }
         match serde_yaml::from_value::<raw::RawFile>(document) {
-            Ok(file) => files.push((label(&file, index, true), file)),
+            Ok(file) => files.push((label(&file, index, true), file, index)),
             Err(e) => errors.push(ConfigError::file(&place, e.to_string())),
         }
     }
@@ -224,18 +251,24 @@ fn parse_file(
         return Err(parse_error.into_iter().collect());
     }
     // The parser stops at the first problem and knows where it is; the walk found all of
-    // them. Lend the parser's position to the walk's error at the same path.
+    // them. Lend the parser's position to the walk's error at the same path, and find the
+    // others' in the text.
     let location = parse_error
         .filter(|p| p.path == structural[0].path)
         .and_then(|p| p.location);
+    let mut budget = locate::MAX_LOCATED;
     Err(structural
         .into_iter()
         .enumerate()
         .map(|(i, e)| {
+            let at = match (i, location) {
+                (0, Some(at)) => Some(at),
+                _ => locate::within(&mut budget, text, 0, &e.field_path()),
+            };
             let error = ConfigError::at_path(name, &e.path, e.message);
-            match (i, location) {
-                (0, Some((line, column))) => error.with_location(line, column),
-                _ => error,
+            match at {
+                Some((line, column)) => error.with_location(line, column),
+                None => error,
             }
         })
         .collect())

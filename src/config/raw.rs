@@ -36,10 +36,10 @@ pub struct RawDescriptor {
     #[serde(default)]
     pub value: Option<String>,
     /// The limit for descriptors ending at this node.
-    #[serde(default, deserialize_with = "checked")]
+    #[serde(default)]
     pub rate_limit: Option<RawRateLimit>,
     /// Several limits that must all pass (Sluice extension; excludes `rate_limit`).
-    #[serde(default, deserialize_with = "checked")]
+    #[serde(default)]
     pub rate_limits: Option<Vec<RawRateLimit>>,
     /// Next level.
     #[serde(default)]
@@ -115,65 +115,6 @@ pub struct RawRateLimit {
 /// arithmetic on window starts and ends stays exact (Redis's script computes in doubles).
 pub const MAX_WINDOW_SECONDS: u64 = 100 * 365 * 86_400;
 
-/// What is checked while the file is parsed, so that the error carries the parser's line:
-/// each limit's window length (`unit_multiplier` times the unit).
-trait Checked {
-    fn check(&self) -> Result<(), String>;
-}
-
-impl Checked for RawRateLimit {
-    fn check(&self) -> Result<(), String> {
-        let Some(n) = self.unit_multiplier else {
-            return Ok(());
-        };
-        if n == 0 {
-            return Err("unit_multiplier: must be at least 1".into());
-        }
-        let unit = self
-            .unit
-            .as_deref()
-            .and_then(|u| u.parse::<crate::policy::Unit>().ok());
-        match unit {
-            Some(unit) if unit.seconds().saturating_mul(u64::from(n)) > MAX_WINDOW_SECONDS => {
-                Err(format!(
-                    "unit_multiplier: a window of {n} x {} is longer than 100 years",
-                    unit.proto_name()
-                ))
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Checked for Option<RawRateLimit> {
-    fn check(&self) -> Result<(), String> {
-        match self {
-            Some(limit) => limit.check().map_err(|e| format!("rate_limit.{e}")),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Checked for Option<Vec<RawRateLimit>> {
-    fn check(&self) -> Result<(), String> {
-        for (i, limit) in self.iter().flatten().enumerate() {
-            limit.check().map_err(|e| format!("rate_limits[{i}].{e}"))?;
-        }
-        Ok(())
-    }
-}
-
-/// Deserializes a `rate_limit` or `rate_limits` and checks it (see [`Checked`]).
-fn checked<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de> + Checked,
-{
-    let value = T::deserialize(deserializer)?;
-    value.check().map_err(serde::de::Error::custom)?;
-    Ok(value)
-}
-
 /// One `replaces:` entry.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -225,8 +166,20 @@ const REPLACES_KEYS: &[&str] = &["name"];
 pub struct StructureError {
     /// Path of the mapping or list item, e.g. `descriptors[0].rate_limit`.
     pub path: String,
+    /// The unknown key, which is where the problem is in the text.
+    pub key: Option<String>,
     /// What is wrong.
     pub message: String,
+}
+
+impl StructureError {
+    /// The path of the problem itself: the unknown key's, else [`StructureError::path`].
+    pub fn field_path(&self) -> String {
+        match &self.key {
+            Some(key) => join(&self.path, key),
+            None => self.path.clone(),
+        }
+    }
 }
 
 /// Every unknown key, non-string key and non-mapping list item of `root`, in document order.
@@ -244,6 +197,7 @@ fn check_mapping(value: &Value, path: &str, known: &[&str], found: &mut Vec<Stru
             other => {
                 found.push(StructureError {
                     path: path.to_owned(),
+                    key: None,
                     message: format!("config error, key is not of type string: {}", render(other)),
                 });
                 continue;
@@ -252,6 +206,7 @@ fn check_mapping(value: &Value, path: &str, known: &[&str], found: &mut Vec<Stru
         if !known.contains(&name.as_str()) {
             found.push(StructureError {
                 path: path.to_owned(),
+                key: Some(name.clone()),
                 message: format!("config error, unknown key '{name}'"),
             });
             continue;
@@ -278,6 +233,7 @@ fn check_list(value: &Value, path: &str, known: &[&str], found: &mut Vec<Structu
         } else {
             found.push(StructureError {
                 path: item_path,
+                key: None,
                 message: format!(
                     "config error, yaml file contains list of type other than map: {}",
                     render(item)

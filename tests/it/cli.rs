@@ -97,7 +97,7 @@ fn an_invalid_config_stops_startup_with_every_error() {
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert!(
         stderr.contains(
-            "a.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'"
+            "a.yaml:4:18: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'"
         ),
         "{stderr}"
     );

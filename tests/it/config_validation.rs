@@ -82,47 +82,47 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "misspelled_key_nested.yaml:6:7: descriptors[0].rate_limit: config error, unknown key 'requestsperunit'",
     "empty_domain.yaml: config file cannot have empty domain",
     "missing_domain.yaml: config file cannot have empty domain",
-    "empty_key.yaml: descriptors[1]: descriptor has empty key",
-    "duplicate_key.yaml: descriptors[1]: duplicate descriptor composite key 'duplicate-key.key1_value1'",
-    "bad_unit.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'foo'",
-    "missing_unit.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit ''",
-    "missing_requests_per_unit.yaml: descriptors[0].rate_limit: rate limit has no requests_per_unit",
-    "unlimited_with_unit.yaml: descriptors[0].rate_limit: should not specify rate limit unit when unlimited",
-    "unlimited_with_algorithm.yaml: descriptors[0].rate_limit.algorithm: should not specify an algorithm when unlimited",
-    "unlimited_with_burst.yaml: descriptors[0].rate_limit.burst: should not specify burst when unlimited",
+    "empty_key.yaml:7:5: descriptors[1].key: descriptor has empty key",
+    "duplicate_key.yaml:8:5: descriptors[1]: duplicate descriptor composite key 'duplicate-key.key1_value1'",
+    "bad_unit.yaml:5:7: descriptors[0].rate_limit.unit: invalid rate limit unit 'foo'",
+    "missing_unit.yaml:4:5: descriptors[0].rate_limit.unit: invalid rate limit unit ''",
+    "missing_requests_per_unit.yaml:4:5: descriptors[0].rate_limit: rate limit has no requests_per_unit",
+    "unlimited_with_unit.yaml:6:7: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited",
+    "unlimited_with_algorithm.yaml:6:7: descriptors[0].rate_limit.algorithm: should not specify an algorithm when unlimited",
+    "unlimited_with_burst.yaml:6:7: descriptors[0].rate_limit.burst: should not specify burst when unlimited",
     "non_string_key.yaml:3:10: descriptors[0].key: invalid type: sequence, expected a string",
-    "priorities_empty.yaml: descriptors[0].priorities: priorities must name at least one class",
-    "priorities_unlimited.yaml: descriptors[0].priorities: priorities need a counted limit, not unlimited",
-    "replaces_empty.yaml: descriptors[0].rate_limit.replaces[0]: should not have an empty replaces entry",
-    "replaces_self.yaml: descriptors[0].rate_limit.replaces[0]: replaces should not contain name of same descriptor",
-    "share_threshold_without_wildcard.yaml: descriptors[0].share_threshold: share_threshold can only be used with wildcard values (containing '*'), but found key 'path_files'",
+    "priorities_empty.yaml:4:5: descriptors[0].priorities: priorities must name at least one class",
+    "priorities_unlimited.yaml:4:5: descriptors[0].priorities: priorities need a counted limit, not unlimited",
+    "replaces_empty.yaml:9:11: descriptors[0].rate_limit.replaces[0]: should not have an empty replaces entry",
+    "replaces_self.yaml:9:11: descriptors[0].rate_limit.replaces[0]: replaces should not contain name of same descriptor",
+    "share_threshold_without_wildcard.yaml:5:5: descriptors[0].share_threshold: share_threshold can only be used with wildcard values (containing '*'), but found key 'path_files'",
     "bad_yaml.yaml:5:1: error loading config file: did not find expected ',' or '}'",
     "wrong_type.yaml:6:26: descriptors[0].rate_limit.requests_per_unit: invalid type: string \"many\"",
     "wrong_type_list.yaml:5:7: descriptors[0].rate_limit: invalid type: sequence",
     "negative_requests.yaml:6:26: descriptors[0].rate_limit.requests_per_unit: invalid type: integer `-1`",
     "non_map_list.yaml:2:15: descriptors[0]: config error, yaml file contains list of type other than map: a",
-    "metadata_not_a_map.yaml: descriptors[0].metadata: error parsing metadata",
-    "burst_without_token_bucket.yaml: descriptors[0].rate_limit.burst: burst is only valid with algorithm: token_bucket",
-    "zero_burst.yaml: descriptors[0].rate_limit.burst: burst must be at least 1",
-    "bad_algorithm.yaml: descriptors[0].rate_limit.algorithm: invalid algorithm 'leaky_bucket' (expected fixed_window, sliding_window, token_bucket or concurrency)",
-    "rate_limit_and_rate_limits.yaml: descriptors[0]: rate_limit and rate_limits are mutually exclusive",
-    "empty_rate_limits.yaml: descriptors[0].rate_limits: rate_limits must not be empty",
-    "unlimited_in_rate_limits.yaml: descriptors[0].rate_limits[1]: unlimited is not allowed in rate_limits",
-    "duplicate_limits.yaml: descriptors[0].rate_limits[1]: two rate_limits with unit SECOND and algorithm fixed_window",
+    "metadata_not_a_map.yaml:4:5: descriptors[0].metadata: error parsing metadata",
+    "burst_without_token_bucket.yaml:4:54: descriptors[0].rate_limit.burst: burst is only valid with algorithm: token_bucket",
+    "zero_burst.yaml:4:79: descriptors[0].rate_limit.burst: burst must be at least 1",
+    "bad_algorithm.yaml:4:54: descriptors[0].rate_limit.algorithm: invalid algorithm 'leaky_bucket' (expected fixed_window, sliding_window, token_bucket or concurrency)",
+    "rate_limit_and_rate_limits.yaml:5:5: descriptors[0].rate_limits: rate_limit and rate_limits are mutually exclusive",
+    "empty_rate_limits.yaml:4:5: descriptors[0].rate_limits: rate_limits must not be empty",
+    "unlimited_in_rate_limits.yaml:6:10: descriptors[0].rate_limits[1].unlimited: unlimited is not allowed in rate_limits",
+    "duplicate_limits.yaml:6:9: descriptors[0].rate_limits[1]: two rate_limits with unit SECOND and algorithm fixed_window",
     "negative_burst.yaml:4:86: descriptors[0].rate_limit.burst: invalid type: integer `-3`, expected a whole number from 0 to 9007199254740991",
-    "limit_past_two_to_the_53.yaml: descriptors[0].rate_limit.requests_per_unit: requests_per_unit 9007199254740992 is over the largest limit, 9007199254740991 (2^53 - 1)",
-    "priorities_out_of_range.yaml: descriptors[0].priorities.low: priority share 1.5 is not in (0, 1]",
-    "priorities_with_value.yaml: descriptors[0].priorities: priorities need a key-only descriptor",
-    "priorities_without_limit.yaml: descriptors[0].priorities: priorities without rate_limit or rate_limits",
-    "bad_failure_mode.yaml: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny, local or envoy)",
+    "limit_past_two_to_the_53.yaml:4:31: descriptors[0].rate_limit.requests_per_unit: requests_per_unit 9007199254740992 is over the largest limit, 9007199254740991 (2^53 - 1)",
+    "priorities_out_of_range.yaml:4:33: descriptors[0].priorities.low: priority share 1.5 is not in (0, 1]",
+    "priorities_with_value.yaml:5:5: descriptors[0].priorities: priorities need a key-only descriptor",
+    "priorities_without_limit.yaml:4:5: descriptors[0].priorities: priorities without rate_limit or rate_limits",
+    "bad_failure_mode.yaml:4:5: descriptors[0].failure_mode: invalid failure_mode 'open' (expected allow, deny, local or envoy)",
     "too_deep.yaml:5:73: nesting deeper than 64 levels",
-    "overdraft_with_concurrency.yaml: descriptors[0].rate_limit.overdraft: overdraft is not valid with algorithm: concurrency",
-    "unlimited_with_overdraft.yaml: descriptors[0].rate_limit.overdraft: should not specify overdraft when unlimited",
-    "leased_overdraft.yaml: descriptors[0].consistency: consistency: leased is not available with overdraft",
-    "zero_unit_multiplier.yaml:5:5: descriptors[1].rate_limit.unit_multiplier: must be at least 1",
+    "overdraft_with_concurrency.yaml:4:78: descriptors[0].rate_limit.overdraft: overdraft is not valid with algorithm: concurrency",
+    "unlimited_with_overdraft.yaml:6:7: descriptors[0].rate_limit.overdraft: should not specify overdraft when unlimited",
+    "leased_overdraft.yaml:4:5: descriptors[0].consistency: consistency: leased is not available with overdraft",
+    "zero_unit_multiplier.yaml:6:32: descriptors[1].rate_limit.unit_multiplier: unit_multiplier must be at least 1",
     "negative_unit_multiplier.yaml:4:49: descriptors[0].rate_limit.unit_multiplier: invalid type: integer `-5`",
-    "overflowing_unit_multiplier.yaml:3:5: descriptors[0].rate_limits[1].unit_multiplier: a window of 101 x YEAR is longer than 100 years",
-    "unlimited_with_unit_multiplier.yaml: descriptors[0].rate_limit.unit_multiplier: should not specify unit_multiplier when unlimited",
+    "overflowing_unit_multiplier.yaml:6:22: descriptors[0].rate_limits[1].unit_multiplier: a window of 101 x YEAR is longer than 100 years",
+    "unlimited_with_unit_multiplier.yaml:4:35: descriptors[0].rate_limit.unit_multiplier: should not specify unit_multiplier when unlimited",
 ];
 
 /// The fixture an expected line is about.
@@ -148,7 +148,7 @@ fn each_invalid_fixture_reports_its_rule_with_file_path_and_location() {
 #[test]
 fn location_and_tree_path_are_kept_apart_from_the_message() {
     let error = &errors_of("bad_unit.yaml")[0];
-    assert_eq!(error.location, None);
+    assert_eq!(error.location, Some((5, 7)));
     assert_eq!(error.path, "descriptors[0].rate_limit.unit");
     assert_eq!(error.message, "invalid rate limit unit 'foo'");
     let error = &errors_of("misspelled_key_nested.yaml")[0];
@@ -174,10 +174,57 @@ fn every_invalid_fixture_is_covered_by_a_test() {
     let mut covered: Vec<String> = ONE_ERROR_PER_FIXTURE
         .iter()
         .map(|expected| fixture_of(expected).to_owned())
-        .chain(["several_unknown_keys.yaml".to_owned()])
+        .chain(["several_unknown_keys.yaml", "errors_at_their_fields.yaml"].map(String::from))
         .collect();
     covered.sort();
     assert_eq!(invalid_fixtures(), covered);
+}
+
+/// Every error found after parsing is shown at the line and column of the field that is
+/// wrong (its key), however deep, in block or flow style; not at its descriptor's.
+#[test]
+fn each_error_is_at_the_line_of_its_field() {
+    let name = "errors_at_their_fields.yaml";
+    let text = std::fs::read_to_string(invalid(name)).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let errors = errors_of(name);
+    let found: Vec<(Option<(usize, usize)>, &str)> = errors
+        .iter()
+        .map(|e| (e.location, e.path.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (Some((7, 7)), "descriptors[0].rate_limit.unit_multiplier"),
+            (Some((10, 18)), "descriptors[1].rate_limit.unit"),
+            (
+                Some((19, 9)),
+                "descriptors[2].descriptors[0].share_threshold"
+            ),
+            (
+                Some((18, 11)),
+                "descriptors[2].descriptors[0].rate_limit.burst"
+            ),
+            (
+                Some((23, 11)),
+                "descriptors[2].descriptors[1].rate_limit.unit"
+            ),
+            (
+                Some((29, 13)),
+                "descriptors[2].descriptors[2].rate_limits[1].unit_multiplier"
+            ),
+        ],
+        "{errors:#?}"
+    );
+    for error in &errors {
+        let (line, column) = error.location.unwrap();
+        let field = error.path.rsplit('.').next().unwrap();
+        assert!(
+            lines[line - 1][column - 1..].starts_with(field),
+            "{error}: line {line} is `{}`",
+            lines[line - 1]
+        );
+    }
 }
 
 #[test]
@@ -186,13 +233,13 @@ fn several_unknown_keys_are_all_reported_in_document_order() {
         .iter()
         .map(ToString::to_string)
         .collect();
-    // The parser stops at the first one, so only that one has a line:column.
+    // The parser stops at the first one; the others are found in the text, each at its key.
     assert_eq!(
         shown,
         [
             "several_unknown_keys.yaml:2:1: config error, unknown key 'domian'",
-            "several_unknown_keys.yaml: descriptors[0]: config error, unknown key 'shadowmode'",
-            "several_unknown_keys.yaml: descriptors[0].descriptors[0].rate_limit: config error, unknown key 'unti'",
+            "several_unknown_keys.yaml:5:5: descriptors[0]: config error, unknown key 'shadowmode'",
+            "several_unknown_keys.yaml:12:11: descriptors[0].descriptors[0].rate_limit: config error, unknown key 'unti'",
         ]
     );
 }
@@ -222,7 +269,7 @@ fn errors_of_every_file_and_every_rule_are_collected() {
         paths,
         [
             "descriptors[0].rate_limit.unit",
-            "descriptors[1]",
+            "descriptors[1].key",
             "descriptors[2].share_threshold"
         ]
     );
@@ -332,7 +379,10 @@ fn duplicate_domain_across_files_names_both_files() {
         config::load_dir(&fixtures().join("duplicate_domain"), LoadOptions::default()).unwrap_err();
     assert_eq!(errors.len(), 1, "{errors:#?}");
     let error = errors[0].to_string();
-    assert!(error.starts_with("duplicate_domain_b.yaml: "), "{error}");
+    assert!(
+        error.starts_with("duplicate_domain_b.yaml:1:1: "),
+        "{error}"
+    );
     assert!(
         error.contains("duplicate domain 'shared-domain'"),
         "{error}"

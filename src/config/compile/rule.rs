@@ -3,8 +3,8 @@
 
 use super::Cx;
 use crate::algorithm::Algorithm;
-use crate::config::raw::{RawDescriptor, RawRateLimit};
-use crate::policy::{MAX_LIMIT, MetaValue, Priorities, RateLimit, Rule, RuleLimit};
+use crate::config::raw::{MAX_WINDOW_SECONDS, RawDescriptor, RawRateLimit};
+use crate::policy::{MAX_LIMIT, MetaValue, Priorities, RateLimit, Rule, RuleLimit, Unit};
 
 impl Cx<'_> {
     /// Compiles a descriptor's `rate_limit:` or `rate_limits:`; `None` when it has neither or
@@ -93,7 +93,7 @@ impl Cx<'_> {
             }
             (Some(_), Some(_)) => {
                 self.error(
-                    path,
+                    &format!("{path}.rate_limits"),
                     "rate_limit and rate_limits are mutually exclusive: use one",
                 );
                 None
@@ -142,12 +142,15 @@ impl Cx<'_> {
     fn check_unlimited(&mut self, raw: &RawRateLimit, path: &str, several: bool) {
         if several {
             self.error(
-                path,
+                &format!("{path}.unlimited"),
                 "unlimited is not allowed in rate_limits; use rate_limit",
             );
         }
         if raw.unit.as_deref().is_some_and(|u| !u.is_empty()) {
-            self.error(path, "should not specify rate limit unit when unlimited");
+            self.error(
+                &format!("{path}.unit"),
+                "should not specify rate limit unit when unlimited",
+            );
         }
         if raw.algorithm.is_some() {
             self.error(
@@ -285,6 +288,7 @@ impl Cx<'_> {
                 self.error(&format!("{path}.burst"), "burst must be at least 1");
             }
         }
+        let unit_multiplier = self.unit_multiplier(raw, unit, path);
         if raw.overdraft && algorithm == Some(Algorithm::Concurrency) {
             self.error(
                 &format!("{path}.overdraft"),
@@ -297,8 +301,40 @@ impl Cx<'_> {
             algorithm: algorithm?,
             burst: raw.burst,
             overdraft: raw.overdraft,
-            unit_multiplier: raw.unit_multiplier.unwrap_or(1).max(1),
+            unit_multiplier: unit_multiplier?,
             name: name.map(str::to_owned),
         })
+    }
+
+    /// A limit's `unit_multiplier` (1 when absent): at least 1, and a window of at most
+    /// [`MAX_WINDOW_SECONDS`] so that every store's arithmetic on window starts and ends stays
+    /// exact; `None` (with the error recorded) otherwise.
+    fn unit_multiplier(
+        &mut self,
+        raw: &RawRateLimit,
+        unit: Option<Unit>,
+        path: &str,
+    ) -> Option<u32> {
+        let Some(n) = raw.unit_multiplier else {
+            return Some(1);
+        };
+        let path = format!("{path}.unit_multiplier");
+        if n == 0 {
+            self.error(&path, "unit_multiplier must be at least 1");
+            return None;
+        }
+        match unit {
+            Some(unit) if unit.seconds().saturating_mul(u64::from(n)) > MAX_WINDOW_SECONDS => {
+                self.error(
+                    &path,
+                    format!(
+                        "a window of {n} x {} is longer than 100 years",
+                        unit.proto_name()
+                    ),
+                );
+                None
+            }
+            _ => Some(n),
+        }
     }
 }
