@@ -190,12 +190,10 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         settings.admin_reset.clone(),
         metrics.registry(),
     ));
+    let in_flight = settings.grpc_max_in_flight;
     let turns = Turns::new(
-        settings.grpc_max_in_flight,
-        Some(TurnMetrics::register(
-            metrics.registry(),
-            settings.grpc_max_in_flight,
-        )),
+        in_flight,
+        Some(TurnMetrics::register(metrics.registry(), in_flight)),
     );
     Ok(Prepared {
         settings,
@@ -295,18 +293,8 @@ impl Prepared {
         let (rls, traces) = self.rls_service(&health)?;
         let local = |l: &TcpListener| l.local_addr().map_err(|e| AppError::Serve(e.to_string()));
         let (grpc_addr, http_addr) = (listeners.grpc.describe()?, local(&listeners.http)?);
-        let quotas = Arc::new(
-            Quotas::new(self.limiter.clone(), self.settings.rlqs.clone())
-                .with_metrics(self.metrics.rlqs()),
-        );
-        let lane = crate::rlqs::Lane::start()
-            .map_err(|e| AppError::Serve(format!("cannot start the RLQS thread: {e}")))?;
-        spawn_quota_ticks(quotas.clone(), &lane, &drain);
+        let (rlqs, quotas, lane) = self.rlqs_face(traces.as_ref(), &drain)?;
         spawn_turn_watch(self.turns.clone(), health.clone(), &drain);
-        let mut rlqs = RlqsService::new(quotas.clone()).on_lane(&lane);
-        if let Some(traces) = &traces {
-            rlqs = rlqs.with_tracing(traces.clone());
-        }
         let (reporter, grpc) =
             self.grpc_server(listeners.grpc, rls.clone(), (rlqs, quotas.clone()), &drain)?;
         let router = admin::router(AdminState {
@@ -365,6 +353,27 @@ impl Prepared {
         }
         tracing::info!(grpc = %grpc_addr, http = %http_addr, "serving");
         Ok(running)
+    }
+
+    /// The RLQS face: its state, the thread its reports and ticks run on (until `drain` for
+    /// the ticks), and the service, traced with `traces`.
+    fn rlqs_face(
+        &self,
+        traces: Option<&Arc<crate::traces::Tracing>>,
+        drain: &CancellationToken,
+    ) -> Result<(RlqsService, Arc<Quotas>, crate::rlqs::Lane), AppError> {
+        let quotas = Arc::new(
+            Quotas::new(self.limiter.clone(), self.settings.rlqs.clone())
+                .with_metrics(self.metrics.rlqs()),
+        );
+        let lane = crate::rlqs::Lane::start()
+            .map_err(|e| AppError::Serve(format!("cannot start the RLQS thread: {e}")))?;
+        spawn_quota_ticks(quotas.clone(), &lane, drain);
+        let mut rlqs = RlqsService::new(quotas.clone()).on_lane(&lane);
+        if let Some(traces) = traces {
+            rlqs = rlqs.with_tracing(traces.clone());
+        }
+        Ok((rlqs, quotas, lane))
     }
 
     /// The rate limit service answering from the limiter, traced when `TRACING_ENABLED` asks,

@@ -266,7 +266,7 @@ pub fn incoming(
     turns: Arc<Turns>,
 ) -> ReceiverStream<io::Result<Guarded<TcpStream>>> {
     accept_into(listener, limits, 16, move |accepted, tx| {
-        let peer = turns.peer(accepted.stream.peer_addr().ok());
+        let peer = turns.peer();
         async move {
             let guarded = Guarded::new(
                 accepted.stream,

@@ -47,7 +47,7 @@ impl MessagesLayer {
     /// for the streaming calls under the path prefixes `streaming`.
     pub fn new(turns: Arc<Turns>, deadline: Duration, streaming: &'static [&'static str]) -> Self {
         Self {
-            local: turns.peer(None),
+            local: turns.peer(),
             deadline,
             streaming,
         }

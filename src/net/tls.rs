@@ -258,7 +258,7 @@ pub fn incoming(
                     )
                     .living(rest)
                     .stalling_after(limits.handshake_timeout)
-                    .of_peer(turns.peer(peer));
+                    .of_peer(turns.peer());
                     let _ = tx.send(Ok(guarded)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),

@@ -14,7 +14,6 @@
 //! The fast path (a turn free, nobody waiting) is one short lock and two counters.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -86,7 +85,6 @@ struct State {
 /// One connection: the turns it holds and the bytes of its messages still arriving.
 pub struct Peer {
     id: usize,
-    addr: Option<SocketAddr>,
     turns: Arc<Turns>,
     /// Turns held; changed under the turns' lock only.
     held: AtomicUsize,
@@ -107,11 +105,6 @@ impl Peer {
     /// A turn of the server this connection came to (see [`Turns::take`]).
     pub async fn turn(self: &Arc<Self>) -> Turn {
         self.turns.take(self).await
-    }
-
-    /// The connection's remote address (`None` for a unix socket).
-    pub fn addr(&self) -> Option<SocketAddr> {
-        self.addr
     }
 
     /// Wakes the bodies waiting for reading room, if any.
@@ -166,12 +159,11 @@ impl Turns {
         self.capacity
     }
 
-    /// A new connection, from `addr` (`None`: a unix socket).
-    pub fn peer(self: &Arc<Self>, addr: Option<SocketAddr>) -> Arc<Peer> {
+    /// A new connection.
+    pub fn peer(self: &Arc<Self>) -> Arc<Peer> {
         self.peers.fetch_add(1, Ordering::Relaxed);
         Arc::new(Peer {
             id: self.ids.fetch_add(1, Ordering::Relaxed),
-            addr,
             turns: self.clone(),
             held: AtomicUsize::new(0),
             reading: AtomicUsize::new(0),
@@ -287,10 +279,6 @@ impl Turns {
 mod tests {
     use super::*;
 
-    fn addr(port: u16) -> Option<SocketAddr> {
-        Some(SocketAddr::from(([127, 0, 0, 1], port)))
-    }
-
     /// Polls `future` once: its output, if done.
     fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -303,8 +291,8 @@ mod tests {
     #[tokio::test]
     async fn a_freed_turn_goes_to_the_waiting_connection_holding_the_fewest() {
         let turns = Turns::new(2, None);
-        let greedy = turns.peer(addr(1));
-        let fresh = turns.peer(addr(2));
+        let greedy = turns.peer();
+        let fresh = turns.peer();
         let a = turns.take(&greedy).await;
         let b = turns.take(&greedy).await;
         // The greedy connection queues a third request first, then the fresh one asks.
@@ -329,7 +317,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_that_went_away_while_waiting_takes_no_turn() {
         let turns = Turns::new(1, None);
-        let peer = turns.peer(addr(1));
+        let peer = turns.peer();
         let held = turns.take(&peer).await;
         let mut gone = Box::pin(turns.take(&peer));
         assert!(poll_once(&mut gone).is_none());
@@ -343,7 +331,7 @@ mod tests {
     #[test]
     fn a_connection_is_counted_while_it_lives() {
         let turns = Turns::new(1, None);
-        let peer = turns.peer(addr(1));
+        let peer = turns.peer();
         assert_eq!(turns.peers(), 1);
         drop(peer);
         assert_eq!(turns.peers(), 0);

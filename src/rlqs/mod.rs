@@ -46,6 +46,7 @@ use crate::traces::{Method, Tracing};
 pub use bucket::{BucketKey, MAX_ID_BYTES, MAX_PAIRS, Quota};
 pub use lane::Lane;
 pub use metrics::RlqsMetrics;
+use outbox::Outbox;
 pub use outbox::{Action, Assigned};
 pub use quotas::{
     BucketView, BudgetView, DRAIN_TTL, Quotas, REPORTS_PER_SECOND, ReportSummary, RlqsOptions,
@@ -121,115 +122,142 @@ impl RlqsService {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<server::Answers>, Status> {
         let (id, outbox) = self.quotas.open(peer_of(&request))?;
-        let headers = request.metadata().clone().into_headers();
-        let mut inbound = request.into_inner();
-        let quotas = self.quotas.clone();
-        let tracing = self.tracing.clone();
         // Why the stream ends, when it is the client's fault: the answers end with it.
         let ending = Arc::new(parking_lot::Mutex::new(None::<Status>));
-        let fault = ending.clone();
-        let instance_pace = self.pace.clone();
-        // A stream works through twice what an Envoy at its bucket cap sends.
         let cap = self.quotas.options().max_buckets_per_stream;
-        let mut stream_pace = pace::of_stream(cap);
-        let reading = async move {
-            // The stream's shares are released however this task ends.
-            let _closing = Closing(quotas.clone(), id);
-            loop {
-                let reports = match inbound.message().await {
-                    Ok(Some(reports)) => reports,
-                    Ok(None) => break,
-                    Err(status) => {
-                        refuse(&quotas, &status, &fault);
-                        break;
-                    }
-                };
-                // Past the stream's cap nothing is tracked: counted, not looked at.
-                let listed = reports.bucket_quota_usages.len();
-                quotas.rejected_past_stream_cap(listed.saturating_sub(cap));
-                // Paid before the work: the stream is not read while in debt.
-                let units = listed.min(cap).max(1) as f64;
-                tokio::time::sleep(stream_pace.spend(units)).await;
-                let wait = instance_pace.lock().spend(units);
-                tokio::time::sleep(wait).await;
-                let usages = reports
-                    .bucket_quota_usages
-                    .into_iter()
-                    .take(cap)
-                    .map(|u| Usage {
-                        bucket: u
-                            .bucket_id
-                            .as_ref()
-                            .map_or(Err(bucket::Rejected::Empty), |b| BucketKey::new(&b.bucket)),
-                        allowed: u.num_requests_allowed,
-                        denied: u.num_requests_denied,
-                        first_sight: u
-                            .time_elapsed
-                            .is_none_or(|t| t.seconds <= 0 && t.nanos <= 0),
-                    })
-                    .collect();
-                let span = tracing
-                    .as_ref()
-                    .and_then(|t| t.request_span(Method::RlqsReport, &headers));
-                let summary = quotas.report(id, &reports.domain, usages).await;
-                if let Some(mut span) = span {
-                    span.rlqs_report(
-                        &reports.domain,
-                        summary.buckets,
-                        summary.new_buckets,
-                        summary.actions,
-                    );
-                    span.end(if summary.dropped { "DROPPED" } else { "OK" }, None);
-                }
-            }
+        let reader = Reader {
+            quotas: self.quotas.clone(),
+            id,
+            headers: request.metadata().clone().into_headers(),
+            tracing: self.tracing.clone(),
+            ending: ending.clone(),
+            cap,
+            stream_pace: pace::of_stream(cap),
+            instance_pace: self.pace.clone(),
         };
-        self.spawn(reading);
+        self.spawn(reader.run(request.into_inner()));
         // The answers are built on the lane too (a renewal of 10,000 buckets is that many
         // actions), one at a time: the next is taken only once the last was handed to the
         // connection, which is when its actions count as sent.
         let (built, answers) = tokio::sync::mpsc::channel(1);
-        let clock = self.quotas.clone();
-        let sent = outbox.clone();
-        let answering = async move {
-            loop {
-                let Some((at, actions)) = outbox.take_unmarked(|| clock.now()).await else {
-                    // Closed: a client's fault ends the answers with its status.
-                    let status = ending.lock().take();
-                    if let Some(status) = status {
-                        let _ = built.send((None, Err(status))).await;
-                    }
-                    return;
-                };
-                // In messages of at most ANSWER_ACTIONS, encoded here: the connection's task
-                // (on the runtime that answers decisions) only copies their bytes.
-                let mut actions = actions.into_iter().peekable();
-                while actions.peek().is_some() {
-                    let response = RateLimitQuotaResponse {
-                        bucket_action: actions
-                            .by_ref()
-                            .take(ANSWER_ACTIONS)
-                            .map(|(b, a)| encode(&b, a))
-                            .collect(),
-                    };
-                    let response = tonic::codegen::Bytes::from(response.encode_to_vec());
-                    let last = actions.peek().is_none().then_some(at);
-                    if built.send((last, Ok(response))).await.is_err() {
-                        return; // the client went away
-                    }
-                }
-            }
-        };
-        self.spawn(answering);
+        self.spawn(answer(outbox.clone(), self.quotas.clone(), ending, built));
         let answers = tonic::codegen::tokio_stream::StreamExt::map(
             tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(answers),
             move |(at, answer)| {
                 if let Some(at) = at {
-                    sent.mark_drained(at);
+                    outbox.mark_drained(at);
                 }
                 answer
             },
         );
         Ok(Response::new(Box::pin(answers)))
+    }
+}
+
+/// What reads one stream's reports.
+struct Reader {
+    quotas: Arc<Quotas>,
+    id: u64,
+    /// The stream's headers, for the trace context of each report's span.
+    headers: tonic::codegen::http::HeaderMap,
+    tracing: Option<Arc<Tracing>>,
+    ending: Arc<parking_lot::Mutex<Option<Status>>>,
+    /// The stream's bucket cap: usages past it in one report are not looked at.
+    cap: usize,
+    stream_pace: pace::Pace,
+    instance_pace: Arc<parking_lot::Mutex<pace::Pace>>,
+}
+
+impl Reader {
+    /// Reads and works through reports until the stream ends.
+    async fn run(mut self, mut inbound: Streaming<RateLimitQuotaUsageReports>) {
+        // The stream's shares are released however this task ends.
+        let _closing = Closing(self.quotas.clone(), self.id);
+        loop {
+            match inbound.message().await {
+                Ok(Some(reports)) => self.report(reports).await,
+                Ok(None) => return,
+                Err(status) => return refuse(&self.quotas, &status, &self.ending),
+            }
+        }
+    }
+
+    /// One report: paid for at the paces before it is worked through, and traced.
+    async fn report(&mut self, reports: RateLimitQuotaUsageReports) {
+        // Past the stream's cap nothing is tracked: counted, not looked at.
+        let listed = reports.bucket_quota_usages.len();
+        self.quotas
+            .rejected_past_stream_cap(listed.saturating_sub(self.cap));
+        // Paid before the work: the stream is not read while in debt.
+        let units = listed.min(self.cap).max(1) as f64;
+        tokio::time::sleep(self.stream_pace.spend(units)).await;
+        let wait = self.instance_pace.lock().spend(units);
+        tokio::time::sleep(wait).await;
+        let usages = reports
+            .bucket_quota_usages
+            .into_iter()
+            .take(self.cap)
+            .map(|u| Usage {
+                bucket: u
+                    .bucket_id
+                    .as_ref()
+                    .map_or(Err(bucket::Rejected::Empty), |b| BucketKey::new(&b.bucket)),
+                allowed: u.num_requests_allowed,
+                denied: u.num_requests_denied,
+                first_sight: u
+                    .time_elapsed
+                    .is_none_or(|t| t.seconds <= 0 && t.nanos <= 0),
+            })
+            .collect();
+        let span = self
+            .tracing
+            .as_ref()
+            .and_then(|t| t.request_span(Method::RlqsReport, &self.headers));
+        let summary = self.quotas.report(self.id, &reports.domain, usages).await;
+        if let Some(mut span) = span {
+            span.rlqs_report(
+                &reports.domain,
+                summary.buckets,
+                summary.new_buckets,
+                summary.actions,
+            );
+            span.end(if summary.dropped { "DROPPED" } else { "OK" }, None);
+        }
+    }
+}
+
+/// Builds and encodes a stream's answers from `outbox` into `built`, in messages of at most
+/// [`ANSWER_ACTIONS`], each with the time its batch was taken on its last message; ends with
+/// the client's fault in `ending`, if any, once the outbox closes.
+async fn answer(
+    outbox: Arc<Outbox>,
+    clock: Arc<Quotas>,
+    ending: Arc<parking_lot::Mutex<Option<Status>>>,
+    built: tokio::sync::mpsc::Sender<(Option<f64>, Result<tonic::codegen::Bytes, Status>)>,
+) {
+    while let Some((at, actions)) = outbox.take(|| clock.now()).await {
+        // Encoded here: the connection's task (on the runtime that answers decisions) only
+        // copies their bytes.
+        let mut actions = actions.into_iter().peekable();
+        while actions.peek().is_some() {
+            let response = RateLimitQuotaResponse {
+                bucket_action: actions
+                    .by_ref()
+                    .take(ANSWER_ACTIONS)
+                    .map(|(b, a)| encode(&b, a))
+                    .collect(),
+            };
+            let response = tonic::codegen::Bytes::from(response.encode_to_vec());
+            let last = actions.peek().is_none().then_some(at);
+            if built.send((last, Ok(response))).await.is_err() {
+                return; // the client went away
+            }
+        }
+    }
+    // Closed: a client's fault ends the answers with its status.
+    let status = ending.lock().take();
+    if let Some(status) = status {
+        let _ = built.send((None, Err(status))).await;
     }
 }
 

@@ -79,14 +79,6 @@ impl Outbox {
         self.inner.lock().drained_at
     }
 
-    /// Waits for actions and takes them all, noting the time `now()` gives; `None` once
-    /// closed and empty.
-    pub async fn take(&self, now: impl Fn() -> f64) -> Option<Vec<(BucketKey, Action)>> {
-        let (at, actions) = self.take_unmarked(now).await?;
-        self.mark_drained(at);
-        Some(actions)
-    }
-
     /// Everything queued up to `at` was handed on for sending.
     pub fn mark_drained(&self, at: f64) {
         let mut inner = self.inner.lock();
@@ -95,12 +87,9 @@ impl Outbox {
         }
     }
 
-    /// [`Outbox::take`], answering when they were taken instead of noting it: the caller
-    /// marks them sent ([`Outbox::mark_drained`]) once they are.
-    pub async fn take_unmarked(
-        &self,
-        now: impl Fn() -> f64,
-    ) -> Option<(f64, Vec<(BucketKey, Action)>)> {
+    /// Waits for actions and takes them all, with the time `now()` gives; `None` once closed
+    /// and empty. The caller marks them sent ([`Outbox::mark_drained`]) once they are.
+    pub async fn take(&self, now: impl Fn() -> f64) -> Option<(f64, Vec<(BucketKey, Action)>)> {
         loop {
             let notified = self.notify.notified();
             {

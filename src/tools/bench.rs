@@ -117,15 +117,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(args.connections);
-    let flood = (args.rlqs_flood > 0).then(|| {
-        super::flood::Flood::start(
-            &args.addr,
-            &args.tls,
-            (&args.domain, &args.key),
-            args.rlqs_flood,
-            args.rlqs_buckets,
-        )
-    });
+    let flood = flood(&args);
     let start = Instant::now() + args.warmup;
     let end = start + args.duration;
     let handles: Vec<_> = (0..threads)
@@ -156,11 +148,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
         measured.extend(result?);
     }
     let rlqs_reports = match flood {
-        Some(flood) => Some(
-            tokio::task::spawn_blocking(move || flood.stop())
-                .await
-                .map_err(|e| ToolError::Rpc(format!("the flood failed: {e}")))??,
-        ),
+        Some(flood) => Some(flood.finish().await?),
         None => None,
     };
     let mut all = Vec::new();
@@ -188,6 +176,19 @@ pub async fn run(args: BenchArgs) -> Result<Report, ToolError> {
     report.p999 = pct(0.999);
     report.max = all.last().copied().map_or(0, u64::from);
     Ok(report)
+}
+
+/// The RLQS flood `--rlqs-flood` asks for, started.
+fn flood(args: &BenchArgs) -> Option<super::flood::Flood> {
+    (args.rlqs_flood > 0).then(|| {
+        super::flood::Flood::start(
+            &args.addr,
+            &args.tls,
+            (&args.domain, &args.key),
+            args.rlqs_flood,
+            args.rlqs_buckets,
+        )
+    })
 }
 
 /// One thread's share: connections `thread`, `thread + threads`, ... and the workers that

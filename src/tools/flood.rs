@@ -72,8 +72,15 @@ impl Flood {
         Self { stop, sent, thread }
     }
 
+    /// Stops the flood, off the async threads (its thread is joined): the reports sent.
+    pub async fn finish(self) -> Result<u64, ToolError> {
+        tokio::task::spawn_blocking(move || self.stop())
+            .await
+            .map_err(|e| ToolError::Rpc(format!("the flood failed: {e}")))?
+    }
+
     /// Stops the flood: the reports sent.
-    pub fn stop(self) -> Result<u64, ToolError> {
+    fn stop(self) -> Result<u64, ToolError> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
             .join()
