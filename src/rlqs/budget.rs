@@ -17,13 +17,20 @@
 //! 3. **Holdings outlive streams.** A closed stream's shares stay counted until the TTL of
 //!    what its Envoy was last sent (Envoy keeps enforcing it until then).
 //!
+//! One exception, bounded: **a newcomer's floor in advance.** An Envoy new to a budget that
+//! others hold would otherwise wait, denying its traffic, until the lowerings that make room
+//! for it have settled (a second on one instance, up to a claim renewal and more across
+//! replicas). Its first assignment is its floor at once, ahead of those lowerings: for one
+//! newcomer at a time per budget, the fleet may pass the bound by that floor's capacity and
+//! its rate until the room is made (at most [`ADVANCE_LIMIT`]).
+//!
 //! The division is by peer, not by stream: the streams of one peer (one client address)
 //! count as one Envoy, whose demand is at most the budget, so a client that opens many
 //! streams gets what one Envoy would, split among its streams.
 
 use std::collections::HashMap;
 
-use super::share::{Budget, Share, divide};
+use super::share::{Budget, Share, divide, floor};
 
 /// A stream's number on this instance.
 pub type StreamId = u64;
@@ -39,6 +46,11 @@ pub const SETTLE: f64 = 1.0;
 /// How much the refill of a bucket between two reports is over-estimated, in seconds: the
 /// jitter of report times against the instance's clock.
 const REPORT_JITTER: f64 = 0.5;
+
+/// How long a newcomer's floor in advance may stay uncovered (the lowerings that make room
+/// for it not settled, or this instance's claim not grown to cover it): after this it is a
+/// share like any other, lowered to its target.
+pub const ADVANCE_LIMIT: f64 = 15.0;
 
 /// The interval Envoy 1.40 reports at, whatever its config says (a first report's demand is
 /// counted over it).
@@ -70,6 +82,8 @@ pub struct Holding {
     /// Its first report was not a first sight of the bucket (`time_elapsed` > 0): an Envoy
     /// that had the bucket before, reconnected on a new stream.
     reconnected: bool,
+    /// It holds its floor in advance, not lowered while the advance is open.
+    advanced: bool,
 }
 
 /// What changed in one [`BudgetState::step`]: the shares to send, per stream.
@@ -84,6 +98,8 @@ pub struct BudgetState {
     claim: Share,
     /// Tokens that can be handed out at once without passing the bound (see rule 2).
     reserve: f64,
+    /// When a newcomer was given its floor in advance, while the room for it is not made.
+    advance: Option<f64>,
     last_step: f64,
     holdings: HashMap<StreamId, Holding>,
     /// Shares of closed streams, counted until their TTL ends.
@@ -105,6 +121,7 @@ impl BudgetState {
             budget,
             claim,
             reserve: if fresh { claim.burst as f64 } else { 0.0 },
+            advance: None,
             last_step: now,
             holdings: HashMap::new(),
             ghosts: Vec::new(),
@@ -241,6 +258,7 @@ impl BudgetState {
             demand: None,
             last_report: None,
             reconnected: !first_sight,
+            advanced: false,
         });
         let requests = allowed as f64 + denied as f64;
         let rate = match h.last_report {
@@ -285,9 +303,10 @@ impl BudgetState {
     pub fn step(&mut self, now: f64, drained: &dyn Fn(StreamId) -> Option<f64>) -> Changes {
         self.ghosts.retain(|(_, until)| *until > now);
         self.settle(now, drained);
+        let mut changes = Vec::new();
+        self.close_advance(now, &mut changes);
         self.refill_reserve(now);
         let targets = self.targets();
-        let mut changes = Vec::new();
         self.lower(&targets, now, &mut changes);
         self.raise(&targets, now, &mut changes);
         changes
@@ -303,6 +322,43 @@ impl BudgetState {
                 h.lowered_at = None;
             }
         }
+    }
+
+    /// The open advance ends once the room for it is made (no lowering left to settle, and
+    /// what is held within the claim); after [`ADVANCE_LIMIT`] without room, the floor is
+    /// taken back (DENY_ALL until shares free up, like any newcomer).
+    fn close_advance(&mut self, now: f64, changes: &mut Changes) {
+        let Some(at) = self.advance else { return };
+        let settling = self.holdings.values().any(|h| h.lowered_at.is_some());
+        let covered = !settling && self.held().rate <= self.claim.rate;
+        if !covered && now - at < ADVANCE_LIMIT {
+            return;
+        }
+        self.advance = None;
+        for (stream, h) in &mut self.holdings {
+            if std::mem::take(&mut h.advanced) && !covered {
+                let sent = h.sent.unwrap_or_default();
+                replace(h, sent, Share::default(), self.budget, now);
+                h.lowered_at = Some(now);
+                changes.push((*stream, Share::default()));
+            }
+        }
+    }
+
+    /// The floor `stream` may be given in advance: it has never been sent anything, is its
+    /// Envoy's first sight of the bucket, the only stream of its peer here, and no other
+    /// advance is open. The floor is among every peer of the fleet.
+    fn advance_for(&self, stream: StreamId) -> Option<Share> {
+        let h = &self.holdings[&stream];
+        if self.advance.is_some() || h.sent.is_some() || h.reconnected {
+            return None;
+        }
+        if self.holdings.values().filter(|o| o.peer == h.peer).count() > 1 {
+            return None;
+        }
+        let peers = self.peers() as u64 + self.others_peers.max(self.others);
+        let rate = floor(self.budget.rate, peers);
+        (rate > 0).then(|| self.budget.share_of(rate))
     }
 
     /// Each stream's target share, by stream: what this instance divides (its claim, or less
@@ -343,6 +399,9 @@ impl BudgetState {
         for &(stream, target) in targets {
             let h = self.holdings.get_mut(&stream).expect("listed");
             let Some(sent) = h.sent else { continue };
+            if h.advanced {
+                continue; // its floor stands until the room for it is made
+            }
             let lower = sent.min(target);
             if lower != sent {
                 replace(h, sent, lower, self.budget, now);
@@ -370,6 +429,7 @@ impl BudgetState {
             .collect();
         order.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
         for (stream, target, _) in order {
+            let advance = self.advance_for(stream);
             let h = self.holdings.get_mut(&stream).expect("listed");
             if h.lowered_at.is_some() {
                 continue; // raised once its lowering settled
@@ -384,6 +444,18 @@ impl BudgetState {
             };
             let tokens_now = current_tokens(h, sent, self.budget, now);
             let up = covered(sent, wanted, tokens_now, self.reserve.max(0.0));
+            if let Some(floor) = advance.filter(|f| up.rate < f.rate) {
+                // A newcomer's floor at once, ahead of the room being made for it.
+                self.reserve -= gain(sent, floor.burst, tokens_now);
+                replace(h, sent, floor, self.budget, now);
+                h.counted = floor;
+                h.advanced = true;
+                self.advance = Some(now);
+                free.rate = free.rate.saturating_sub(floor.rate);
+                free.burst = free.burst.saturating_sub(floor.burst);
+                changes.push((stream, floor));
+                continue;
+            }
             if h.sent == Some(up) {
                 continue;
             }

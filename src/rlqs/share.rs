@@ -71,6 +71,15 @@ impl Share {
     }
 }
 
+/// The floor of each of `k` Envoys in `total` tokens per window: a quarter of an even split,
+/// at least one token while there are as many tokens as Envoys.
+pub fn floor(total: u64, k: u64) -> u64 {
+    if k == 0 || total < k {
+        return 0;
+    }
+    (total / (4 * k)).max(1)
+}
+
 /// The rate each of `demands.len()` Envoys should get of `total` tokens per window, given
 /// their demands (tokens per window): a floor of a quarter of an even split (at least one
 /// token while there are as many tokens as Envoys), then max-min fair by demand, then what
@@ -80,11 +89,7 @@ pub fn divide(total: u64, demands: &[f64]) -> Vec<u64> {
     if k == 0 {
         return Vec::new();
     }
-    let floor = if total >= k {
-        (total / (4 * k)).max(1)
-    } else {
-        0
-    };
+    let floor = floor(total, k);
     let mut shares = vec![floor; demands.len()];
     let mut left = total - floor * k;
     // Max-min fair: the smallest unmet demands first, each at most an even split of what is

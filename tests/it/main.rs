@@ -50,6 +50,7 @@ mod rlqs_admin;
 mod rlqs_buffers;
 mod rlqs_claims;
 mod rlqs_hostile;
+mod rlqs_newcomer;
 mod rlqs_peers;
 mod server;
 mod statsd;

@@ -121,8 +121,17 @@ fn assert_within_bound(budget: Budget, run: &Run, envoys: usize) {
     for k in [1, 10, 20, 100, 200, 600, 1200] {
         let t = k as f64 * 0.05;
         // One token per new Envoy may be handed out past the reserve (a bucket cannot be
-        // empty), plus one step's rounding.
-        let bound = budget.burst as f64 + budget.per_second(budget.rate) * t + envoys as f64 + 1.0;
+        // empty), plus one step's rounding; and each Envoy joining a budget held by others
+        // its floor in advance: its capacity and its rate until the room for it is made (a
+        // lowering delivered at once settles within a second, seen at the next tick).
+        let joining = envoys.saturating_sub(1) as f64;
+        let floor = budget.share_of(floor(budget.rate, 2)); // the largest: the second Envoy
+        let advance = floor.burst as f64 + budget.per_second(floor.rate) * (SETTLE + 1.0);
+        let bound = budget.burst as f64
+            + budget.per_second(budget.rate) * t
+            + envoys as f64
+            + 1.0
+            + joining * advance;
         let seen = worst(&run.admitted, k);
         assert!(seen <= bound, "{seen} admitted in {t} s, bound {bound}");
     }
@@ -223,20 +232,88 @@ fn a_closed_streams_share_is_counted_until_its_ttl() {
             }
         )]
     );
-    state.leave(1, 20.0);
-    // A newcomer is told DENY_ALL; an Envoy that reconnected is left to what it holds.
+    state.leave(1, 12.0);
+    // A newcomer gets its floor in advance (a quarter of an even split between two); an
+    // Envoy that reconnected is left to what it holds.
     state.report(2, 1, 0, 1.0);
     state.report_seen((3, 3), 1, 0, 1.0, false);
     let changes = state.step(1.0, &|_| Some(1.0));
     assert_eq!(
         changes,
-        vec![(2, Share::default())],
-        "nothing is free before the TTL"
+        vec![(2, Share { rate: 1, burst: 1 })],
+        "nothing but the floor is free before the TTL"
     );
     state.leave(3, 1.0);
-    let changes = state.step(21.0, &|_| Some(21.0));
+    let changes = state.step(13.0, &|_| Some(13.0));
     assert_eq!(changes.len(), 1);
-    assert!(changes[0].1.rate > 0, "{changes:?}");
+    assert!(changes[0].1.rate > 1, "{changes:?}");
+}
+
+#[test]
+fn a_newcomer_gets_its_floor_at_once_one_at_a_time() {
+    let budget = Budget {
+        rate: 100,
+        burst: 100,
+        window: 1,
+    };
+    let mut state = BudgetState::new(budget, budget.share_of(100), 0.0, true);
+    state.report(1, 100, 0, 0.0);
+    assert_eq!(
+        state.step(0.0, &|_| Some(0.0)),
+        vec![(1, budget.share_of(100))]
+    );
+    // Two new Envoys and a second stream of the first one's peer at once: the first
+    // newcomer gets its floor of three peers (100 / 12) ahead of the lowering that makes
+    // room for it; the others wait, told DENY_ALL.
+    state.report(2, 1, 0, 1.0);
+    state.report(3, 1, 0, 1.0);
+    state.report_seen((4, 1), 1, 0, 1.0, true);
+    let changes: HashMap<StreamId, Share> = state.step(1.0, &|_| Some(1.0)).into_iter().collect();
+    assert_eq!(changes[&2], Share { rate: 8, burst: 8 }, "{changes:?}");
+    assert_eq!(changes[&3], Share::default(), "{changes:?}");
+    assert_eq!(changes[&4], Share::default(), "{changes:?}");
+    assert!(changes[&1].rate < 100, "the first is lowered: {changes:?}");
+    // Once the lowering has settled, the room is made: the others get theirs, and the
+    // shares sent add up to the budget.
+    state.step(2.5, &|_| Some(1.0));
+    state.step(3.5, &|_| Some(1.0));
+    let rates: u64 = (1..=4)
+        .map(|s| state.sent(s).unwrap_or_default().rate)
+        .sum();
+    assert!(rates <= 100, "{rates}");
+    for stream in [3, 4] {
+        assert!(
+            state.sent(stream).is_some_and(|s| s.rate > 0),
+            "{:?}",
+            state.shares()
+        );
+    }
+}
+
+#[test]
+fn an_advance_without_room_is_taken_back_after_its_limit() {
+    // Another instance holds the budget; this one's claim stays 0, so the newcomer's floor
+    // is never covered: it is taken back after ADVANCE_LIMIT.
+    let budget = Budget {
+        rate: 100,
+        burst: 100,
+        window: 1,
+    };
+    let mut state = BudgetState::new(budget, Share::default(), 0.0, false);
+    state.others = 1;
+    state.others_peers = 1;
+    state.others_demand = 100.0;
+    state.report(1, 1, 0, 0.0);
+    assert_eq!(
+        state.step(0.0, &|_| Some(0.0)),
+        vec![(1, budget.share_of(12))],
+        "a floor of two peers, at once"
+    );
+    assert!(state.step(ADVANCE_LIMIT - 1.0, &|_| Some(0.0)).is_empty());
+    assert_eq!(
+        state.step(ADVANCE_LIMIT, &|_| Some(0.0)),
+        vec![(1, Share::default())]
+    );
 }
 
 #[test]
