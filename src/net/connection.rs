@@ -57,34 +57,42 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Most connections of one listener still in their handshake (TLS and the first bytes).
 pub const MAX_HANDSHAKING: usize = 256;
 
-/// The connections of one listener that may be closed to make room, oldest first, each
-/// with the token that closes it and the count of requests it is answering.
+/// The connections of one listener that may be closed to make room, oldest first.
 #[derive(Default)]
 struct Handshaking {
     next: u64,
-    open: std::collections::BTreeMap<u64, (CancellationToken, Arc<AtomicUsize>)>,
+    open: std::collections::BTreeMap<u64, Evictable>,
+}
+
+/// One connection that may be closed to make room.
+struct Evictable {
+    /// Closes it.
+    evict: CancellationToken,
+    /// The requests it is answering: while above zero it is not closed.
+    busy: Arc<AtomicUsize>,
+    /// Cancelled once it is closed (its ticket dropped, after its socket).
+    closed: CancellationToken,
 }
 
 impl Handshaking {
-    /// Closes the oldest connection answering no request; whether there was one.
-    fn evict_oldest(&mut self) -> bool {
+    /// Closes the oldest connection answering no request: what resolves once it is closed,
+    /// if there was one.
+    fn evict_oldest(&mut self) -> Option<WaitForCancellationFutureOwned> {
         let oldest = self
             .open
             .iter()
-            .find(|(_, (_, busy))| busy.load(Ordering::Acquire) == 0)
-            .map(|(&id, _)| id);
-        let Some((token, _)) = oldest.and_then(|id| self.open.remove(&id)) else {
-            return false;
-        };
-        token.cancel();
-        true
+            .find(|(_, e)| e.busy.load(Ordering::Acquire) == 0)
+            .map(|(&id, _)| id)?;
+        let evicted = self.open.remove(&oldest)?;
+        evicted.evict.cancel();
+        Some(evicted.closed.cancelled_owned())
     }
 
     /// Whether a connection answering no request can be closed.
     fn any_idle(&self) -> bool {
         self.open
             .values()
-            .any(|(_, busy)| busy.load(Ordering::Acquire) == 0)
+            .any(|e| e.busy.load(Ordering::Acquire) == 0)
     }
 }
 
@@ -94,6 +102,7 @@ pub struct Ticket {
     id: u64,
     token: CancellationToken,
     busy: Arc<AtomicUsize>,
+    closed: CancellationToken,
     table: Arc<parking_lot::Mutex<Handshaking>>,
 }
 
@@ -134,6 +143,7 @@ impl Drop for BusyGuard {
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.table.lock().open.remove(&self.id);
+        self.closed.cancel();
     }
 }
 
@@ -179,8 +189,9 @@ impl Acceptor {
         }
     }
 
-    /// Closes the oldest connection that may be closed; whether there was one.
-    fn evict_oldest(&self) -> bool {
+    /// Closes the oldest connection that may be closed: what resolves once it is closed, if
+    /// there was one.
+    fn evict_oldest(&self) -> Option<WaitForCancellationFutureOwned> {
         self.handshaking.lock().evict_oldest()
     }
 
@@ -192,13 +203,19 @@ impl Acceptor {
         }
         let id = table.next;
         table.next += 1;
-        let token = CancellationToken::new();
+        let (token, closed) = (CancellationToken::new(), CancellationToken::new());
         let busy = Arc::new(AtomicUsize::new(0));
-        table.open.insert(id, (token.clone(), busy.clone()));
+        let evictable = Evictable {
+            evict: token.clone(),
+            busy: busy.clone(),
+            closed: closed.clone(),
+        };
+        table.open.insert(id, evictable);
         Ticket {
             id,
             token,
             busy,
+            closed,
             table: self.handshaking.clone(),
         }
     }
@@ -242,11 +259,18 @@ impl Acceptor {
             match self.incoming.next().await {
                 Some(Ok(stream)) => return stream,
                 Some(Err(e)) => {
-                    // Out of file descriptors: the oldest silent connection makes room.
+                    // Out of file descriptors: the oldest silent connection makes room, and
+                    // the next accept waits until it has (retried at once, it would find
+                    // no descriptor yet and close every idle connection, newest included).
                     let no_descriptor = matches!(e.raw_os_error(), Some(23 | 24)); // ENFILE, EMFILE
-                    if !(no_descriptor && self.evict_oldest()) {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    match no_descriptor.then(|| self.evict_oldest()).flatten() {
+                        Some(closed) => {
+                            let _ = tokio::time::timeout(ACCEPT_BACKOFF, closed).await;
+                        }
+                        None => {
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        }
                     }
                 }
                 // TcpIncoming never ends; should it, wait rather than spin.
