@@ -110,7 +110,11 @@ async fn run() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => tool_error(e),
         },
-        Command::Bench(args) => match bench::run(args).await {
+        Command::Bench(args) => match bench::run(args.clone()).await {
+            Ok(report) if args.json => {
+                let _ = writeln!(std::io::stdout(), "{}", report.to_json());
+                ExitCode::SUCCESS
+            }
             Ok(report) => {
                 let _ = writeln!(std::io::stdout(), "{report}");
                 ExitCode::SUCCESS

@@ -71,13 +71,16 @@ pub struct BenchArgs {
     /// Buckets in each report of `--rlqs-flood`
     #[arg(long, default_value = "10000")]
     pub rlqs_buckets: usize,
+    /// Print the result as one JSON object (for scripts) instead of text
+    #[arg(long)]
+    pub json: bool,
     /// TLS to the server
     #[command(flatten)]
     pub tls: ClientTls,
 }
 
 /// What a run measured.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Report {
     /// Requests answered within the measured period.
     pub requests: u64,
@@ -96,7 +99,25 @@ pub struct Report {
     /// Slowest request.
     pub max: u64,
     /// RLQS reports the flood sent (`--rlqs-flood`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rlqs_reports: Option<u64>,
+}
+
+impl Report {
+    /// Requests answered per second.
+    pub fn per_second(&self) -> f64 {
+        self.requests as f64 / self.seconds
+    }
+
+    /// The report as one JSON object: the fields above (latencies in microseconds) and
+    /// `per_second`.
+    pub fn to_json(&self) -> String {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let Some(object) = value.as_object_mut() {
+            object.insert("per_second".into(), serde_json::json!(self.per_second()));
+        }
+        value.to_string()
+    }
 }
 
 /// What one worker measured: latencies (µs), over-limit answers, errors.
@@ -290,7 +311,7 @@ impl std::fmt::Display for Report {
             "requests: {} in {:.1}s = {:.0} req/s ({} over limit, {} errors)",
             self.requests,
             self.seconds,
-            self.requests as f64 / self.seconds,
+            self.per_second(),
             self.over_limit,
             self.errors
         )?;

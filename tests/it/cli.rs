@@ -188,6 +188,23 @@ fn bench_reports_throughput_and_latency() {
         "{stdout}"
     );
     assert!(stdout.contains("p99 "), "{stdout}");
+    // --json: one object scripts read instead of the text.
+    let out = sluice(&[
+        "bench",
+        "--addr",
+        &served.grpc,
+        "--duration",
+        "300ms",
+        "--warmup",
+        "0s",
+        "--json",
+    ]);
+    let stdout = succeeded(&out, "bench --json");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect(&stdout);
+    assert!(report["requests"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert!(report["per_second"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["p99"].as_u64().unwrap() >= report["p50"].as_u64().unwrap());
     served.terminate();
     served.child.wait().unwrap();
 }
