@@ -60,6 +60,65 @@ impl Algorithm {
             Algorithm::Concurrency => "cc",
         }
     }
+
+    // What the rest of the crate may ask of an algorithm. Each is an exhaustive `match`, so
+    // that a new algorithm is a compile error at every fact it must decide.
+
+    /// Counts in windows of time aligned to the epoch: a count ends with its window.
+    pub fn windowed(self) -> bool {
+        match self {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => true,
+            Algorithm::TokenBucket | Algorithm::Concurrency => false,
+        }
+    }
+
+    /// Refills continuously: capacity comes back a token at a time, and a limit has a
+    /// `burst` of its own beside its rate.
+    pub fn refills(self) -> bool {
+        match self {
+            Algorithm::TokenBucket => true,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::Concurrency => false,
+        }
+    }
+
+    /// Counts requests in flight, not a rate: hits acquire, refunds release, and the
+    /// window is only a safety TTL.
+    pub fn in_flight(self) -> bool {
+        match self {
+            Algorithm::Concurrency => true,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket => false,
+        }
+    }
+
+    /// Its units may be leased in blocks and spent in memory (a release would not reach
+    /// the shared count).
+    pub fn leasable(self) -> bool {
+        !self.in_flight()
+    }
+
+    /// A refusal lasts until the counter's reset, so it may be remembered (the over-limit
+    /// cache); a count in flight can fall at any release.
+    pub fn cacheable(self) -> bool {
+        !self.in_flight()
+    }
+
+    /// Its rate can be divided among Envoys as token buckets (RLQS).
+    pub fn divisible(self) -> bool {
+        !self.in_flight()
+    }
+
+    /// It may be a usage budget (`overdraft: true`): requests in flight are not spent.
+    pub fn takes_overdraft(self) -> bool {
+        !self.in_flight()
+    }
+
+    /// The reference (envoyproxy/ratelimit) has the same counter, under its own key layout.
+    pub fn in_reference_layout(self) -> bool {
+        match self {
+            Algorithm::FixedWindow => true,
+            Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::Concurrency => false,
+        }
+    }
 }
 
 /// The numbers an algorithm needs.
@@ -96,6 +155,11 @@ impl Limit {
     /// This limit as a usage budget (see [`Limit::overdraft`]).
     pub const fn with_overdraft(self, overdraft: bool) -> Self {
         Self { overdraft, ..self }
+    }
+
+    /// The most hits that can pass at once: a token bucket's burst, the others' limit.
+    pub const fn capacity(&self) -> u64 {
+        self.burst
     }
 
     /// The hits `hits` must fit with to be allowed: themselves, except that a usage budget

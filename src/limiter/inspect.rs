@@ -4,7 +4,7 @@
 //! operations), so an explanation names exactly the rule and counters a request would use;
 //! nothing here charges anything.
 
-use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::algorithm::{Decision, Micros};
 use crate::policy::{Domain, RateLimit, Rule, RuleLimit, StepKind, TraceEnd};
 use crate::store::{Admission, Batch, Consistency, CounterOp, FailureMode};
 
@@ -369,10 +369,7 @@ fn replacer(rule: &Rule, traces: &[Option<(Vec<StepKind>, TraceEnd<'_>)>]) -> Op
 
 fn counter_state(limit: &ExplainedLimit, decision: &Decision, degraded: bool) -> CounterState {
     let algorithm = limit.op.limit;
-    let capacity = match algorithm.algorithm {
-        Algorithm::TokenBucket => algorithm.burst,
-        _ => algorithm.requests,
-    };
+    let capacity = algorithm.capacity();
     CounterState {
         limit: limit.clone(),
         used: capacity

@@ -25,7 +25,7 @@ pub use types::{
     ReportedLimit, Request, Response, StoreCall,
 };
 
-use crate::algorithm::{Algorithm, Decision};
+use crate::algorithm::Decision;
 use crate::policy::{Domain, EntryRef, Policy, RateLimit, Rule, RuleLimit};
 use crate::store::{
     Admission, Applied, Batch, Consistency, CounterKey, CounterOp, FailureMode, Role, Store,
@@ -420,18 +420,17 @@ impl Limiter {
             .min(i64::MAX as u64) as i64;
         // Concurrency releases must reach the shared count, and a usage budget's every
         // charge: never leased (a block taken from a budget is overdrawn by the next report).
-        let consistency =
-            if algorithm_limit.algorithm == Algorithm::Concurrency || algorithm_limit.overdraft {
-                Consistency::Exact
-            } else {
-                rule.and_then(|r| r.consistency)
-                    .or(domain_consistency)
-                    .unwrap_or(self.options.consistency)
-            };
+        let consistency = if !algorithm_limit.algorithm.leasable() || algorithm_limit.overdraft {
+            Consistency::Exact
+        } else {
+            rule.and_then(|r| r.consistency)
+                .or(domain_consistency)
+                .unwrap_or(self.options.consistency)
+        };
         // The reference's keys where the reference has the same counter: one fixed window per
         // descriptor, decided exactly (its `rate_limits`, `priorities` and leases are Sluice's).
         let reference = self.options.reference_keys
-            && algorithm_limit.algorithm == Algorithm::FixedWindow
+            && algorithm_limit.algorithm.in_reference_layout()
             && consistency == Consistency::Exact
             && limits == 1
             && limit.unit_multiplier == 1

@@ -245,10 +245,10 @@ impl RuleSeries {
                 self.limits
                     .with_label_values(&values)
                     .set(clamp(limit.requests_per_unit));
-                if limit.algorithm == crate::algorithm::Algorithm::TokenBucket {
+                if limit.algorithm.refills() {
                     self.bursts
                         .with_label_values(&values)
-                        .set(clamp(limit.burst.unwrap_or(limit.requests_per_unit)));
+                        .set(clamp(limit.capacity()));
                 }
             }
         }
@@ -442,11 +442,7 @@ impl RuleSeries {
             return;
         }
         let limit = event.limit.algorithm_limit();
-        let quota = if limit.algorithm == crate::algorithm::Algorithm::TokenBucket {
-            limit.burst
-        } else {
-            limit.requests
-        };
+        let quota = limit.capacity();
         let near = (quota as f64 * self.near_limit_ratio).floor() as u64;
         if d.allowed {
             h.within_limit.inc_by(hits);

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::algorithm::{Algorithm, Decision};
+use crate::algorithm::Decision;
 use crate::policy::{MetaValue, RateLimit, Rule, merge_into};
 
 use super::{AppliedLimit, Code, Descriptor, DescriptorStatus, Plan, ReportedLimit};
@@ -57,12 +57,8 @@ pub(super) fn status(
                 .name
                 .clone()
                 .unwrap_or_else(|| described.policy.to_owned()),
-            quota: if limit.algorithm == Algorithm::TokenBucket {
-                algorithm_limit.burst
-            } else {
-                algorithm_limit.requests
-            },
-            window: (limit.algorithm != Algorithm::Concurrency).then_some(algorithm_limit.window),
+            quota: algorithm_limit.capacity(),
+            window: (!limit.algorithm.in_flight()).then_some(algorithm_limit.window),
             remaining: remaining(limit, d),
             reset_after: wait(d),
             over: over(d) && !described.quota_mode,

@@ -142,8 +142,8 @@ impl Priorities {
         let share = self.share(class);
         let scale = |n: u64| (n as f64 * share).floor() as u64;
         let mut scaled = limit.clone();
-        if limit.algorithm == Algorithm::TokenBucket {
-            scaled.burst = Some(scale(limit.burst.unwrap_or(limit.requests_per_unit)));
+        if limit.algorithm.refills() {
+            scaled.burst = Some(scale(limit.capacity()));
         } else {
             scaled.requests_per_unit = scale(limit.requests_per_unit);
         }
@@ -211,6 +211,12 @@ impl RateLimit {
         }
     }
 
+    /// The most hits that can pass at once: the burst, or `requests_per_unit` (see
+    /// [`algorithm::Limit::capacity`]).
+    pub fn capacity(&self) -> u64 {
+        self.burst.unwrap_or(self.requests_per_unit)
+    }
+
     /// The algorithm's view of this limit.
     pub fn algorithm_limit(&self) -> algorithm::Limit {
         let requests = self.requests_per_unit;
@@ -218,7 +224,7 @@ impl RateLimit {
             requests,
             window: self.window(),
             algorithm: self.algorithm,
-            burst: self.burst.unwrap_or(requests),
+            burst: self.capacity(),
             overdraft: self.overdraft,
         }
     }
@@ -312,7 +318,7 @@ impl Policy {
                     let _ = write!(out, ", failure_mode: {}", mode.as_str());
                 }
                 if let Some(consistency) = rule.consistency
-                    && limit.algorithm != crate::algorithm::Algorithm::Concurrency
+                    && limit.algorithm.leasable()
                 {
                     let _ = write!(out, ", consistency: {}", consistency.as_str());
                 }

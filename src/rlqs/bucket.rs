@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::algorithm::{Algorithm, SECOND};
+use crate::algorithm::SECOND;
 use crate::policy::{Policy, RuleLimit};
 
 use super::share::Budget;
@@ -145,10 +145,7 @@ impl Quota {
         let RuleLimit::Limited(limits) = &rule.limit else {
             return Quota::AllowAll { rule: Some(name) };
         };
-        let counted: Vec<_> = limits
-            .iter()
-            .filter(|l| l.algorithm != Algorithm::Concurrency)
-            .collect();
+        let counted: Vec<_> = limits.iter().filter(|l| l.algorithm.divisible()).collect();
         if counted.is_empty() {
             return Quota::AllowAll { rule: Some(name) };
         }
@@ -159,10 +156,7 @@ impl Quota {
         let budget = counted
             .iter()
             .map(|l| {
-                let burst = match l.algorithm {
-                    Algorithm::TokenBucket => l.burst.unwrap_or(l.requests_per_unit),
-                    _ => l.requests_per_unit,
-                };
+                let burst = l.capacity();
                 Budget {
                     rate: l.requests_per_unit,
                     burst,

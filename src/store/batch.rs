@@ -123,12 +123,8 @@ impl Batch {
     /// Whether `op` of this batch is a refund that would take from a later window than the
     /// one its hits were charged to (see [`Batch::charged_at`]): it must change nothing.
     pub fn stale_refund(&self, op: &CounterOp, now: crate::algorithm::Micros) -> bool {
-        use crate::algorithm::Algorithm;
         op.hits < 0
-            && matches!(
-                op.limit.algorithm,
-                Algorithm::FixedWindow | Algorithm::SlidingWindow
-            )
+            && op.limit.algorithm.windowed()
             && op.limit.window > 0
             && self
                 .charged_at

@@ -49,7 +49,7 @@ use super::{
     Admission, Applied, Batch, BoxFuture, Calls, Consistency, CounterOp, Role, Store, StoreError,
     StoreStatus,
 };
-use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::algorithm::{Decision, Micros};
 use crate::clock::Clock;
 
 const SHARDS: usize = 16;
@@ -149,7 +149,7 @@ impl Leased {
         // A peek (0 hits) reads the shared counter: a block knows only its own units.
         let leasing = |op: &CounterOp| {
             op.consistency == Consistency::Leased
-                && op.limit.algorithm != Algorithm::Concurrency
+                && op.limit.algorithm.leasable()
                 && batch.admission != Admission::Never
                 && op.hits != 0
         };
@@ -458,7 +458,7 @@ impl Shared {
         let outcome = block.take(op.hits as u64, now, instances, self.period);
         if let Outcome::Lease(_) = outcome {
             block.flight = Some(Arc::new(tokio::sync::Notify::new()));
-            if block.limit.algorithm == Algorithm::TokenBucket && block.units > 0 {
+            if block.limit.algorithm.refills() && block.units > 0 {
                 // Too few tokens for the request: they go back in the same call, ahead of
                 // the lease (a new block holds only what the bucket owes at its lease).
                 round.give_back(block, digest, block.units.min(block.granted));

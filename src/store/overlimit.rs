@@ -23,7 +23,7 @@ use super::digest::{DigestMap, Digester, Sharded};
 use super::{
     Admission, Applied, Batch, BoxFuture, CounterOp, Role, Store, StoreError, StoreStatus,
 };
-use crate::algorithm::{Algorithm, Decision, Micros};
+use crate::algorithm::{Decision, Micros};
 use crate::clock::Clock;
 
 const SHARDS: usize = 16;
@@ -69,7 +69,7 @@ impl Over {
 fn cacheable(op: &CounterOp) -> bool {
     matches!(op.role, Role::Enforce | Role::Shadow)
         && op.hits > 0
-        && op.limit.algorithm != Algorithm::Concurrency
+        && op.limit.algorithm.cacheable()
         // A usage budget's charges count even when refused: the store must see each.
         && !op.limit.overdraft
 }

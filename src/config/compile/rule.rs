@@ -124,7 +124,7 @@ impl Cx<'_> {
             .consistency
             .as_deref()
             .is_some_and(|c| c.eq_ignore_ascii_case("leased"));
-        if own_leased && limits.iter().any(|l| l.algorithm == Algorithm::Concurrency) {
+        if own_leased && limits.iter().any(|l| !l.algorithm.leasable()) {
             self.error(
                 &format!("{path}.consistency"),
                 "consistency: leased is not available with algorithm concurrency (its releases must reach the shared count); use exact",
@@ -279,7 +279,7 @@ impl Cx<'_> {
             );
         }
         if let Some(burst) = raw.burst {
-            if algorithm != Some(Algorithm::TokenBucket) {
+            if !algorithm.is_some_and(Algorithm::refills) {
                 self.error(
                     &format!("{path}.burst"),
                     "burst is only valid with algorithm: token_bucket",
@@ -289,7 +289,7 @@ impl Cx<'_> {
             }
         }
         let unit_multiplier = self.unit_multiplier(raw, unit, path);
-        if raw.overdraft && algorithm == Some(Algorithm::Concurrency) {
+        if raw.overdraft && algorithm.is_some_and(|a| !a.takes_overdraft()) {
             self.error(
                 &format!("{path}.overdraft"),
                 "overdraft is not valid with algorithm: concurrency (requests in flight are not a usage budget)",

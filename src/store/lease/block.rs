@@ -120,7 +120,7 @@ impl Block {
         self.evaporate(now);
         let back = if now >= self.window_ends_at {
             0
-        } else if self.limit.algorithm == Algorithm::TokenBucket {
+        } else if self.limit.algorithm.refills() {
             self.units.min(self.granted)
         } else {
             self.units
@@ -161,7 +161,7 @@ impl Block {
         }
         // A token bucket's leftover tokens are not added to a new block: each block may hold
         // only what the bucket owed when it was taken (see `evaporate`).
-        let units = if now < self.ends_at && self.limit.algorithm != Algorithm::TokenBucket {
+        let units = if now < self.ends_at && !self.limit.algorithm.refills() {
             self.units
         } else {
             0
@@ -190,7 +190,7 @@ impl Block {
     /// in emission intervals), or this instance and the bucket would both admit them. The
     /// rest are the bucket's again; nothing needs handing back.
     fn evaporate(&mut self, now: Micros) {
-        if self.limit.algorithm != Algorithm::TokenBucket || self.limit.requests == 0 {
+        if !self.limit.algorithm.refills() || self.limit.requests == 0 {
             return;
         }
         let interval = self.limit.window as f64 / self.limit.requests as f64;
@@ -259,16 +259,17 @@ impl Block {
     ) -> (Decision, u64) {
         self.flight = None;
         let leftover = std::mem::take(&mut self.flight_units);
-        let window_left = match self.limit.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.limit.window_left(grant.now),
-            _ => Micros::MAX,
+        let window_left = if self.limit.algorithm.windowed() {
+            self.limit.window_left(grant.now)
+        } else {
+            Micros::MAX
         };
-        if now >= self.ends_at || self.limit.algorithm == Algorithm::TokenBucket {
+        if now >= self.ends_at || self.limit.algorithm.refills() {
             // The old block is over (its units were handed back or died), or a token
             // bucket's leftover, which the bucket refills: start again.
             self.generation += 1;
             self.units = 0;
-            if now >= self.window_ends_at || self.limit.algorithm == Algorithm::TokenBucket {
+            if now >= self.window_ends_at || self.limit.algorithm.refills() {
                 self.used = 0;
             }
         }

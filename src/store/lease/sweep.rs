@@ -136,9 +136,10 @@ impl Shared {
             };
             // A window's hand-back changes nothing once its window has ended; a token
             // bucket's, once its arrival time has passed (the bucket is full anyway).
-            let until = match ask.limit.algorithm {
-                Algorithm::TokenBucket => guard,
-                _ => guard.saturating_add(ask.limit.window),
+            let until = if ask.limit.algorithm.refills() {
+                guard
+            } else {
+                guard.saturating_add(ask.limit.window)
             };
             if retries.len() >= MAX_RETRIED_GIVE_BACKS {
                 retries.pop_front();

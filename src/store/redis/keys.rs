@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{ConnHandle, RedisStore, Shared, args};
-use crate::algorithm::{Algorithm, Micros, SECOND};
+use crate::algorithm::{Micros, SECOND};
 use crate::clock::{Clock, SystemClock};
 use crate::store::{CounterOp, StoreError};
 
@@ -45,7 +45,7 @@ impl Jitter {
 
 /// Whether `op` is counted in the reference's layout: a fixed window under a reference key.
 pub(super) fn is_reference(op: &CounterOp) -> bool {
-    op.key.is_reference() && op.limit.algorithm == Algorithm::FixedWindow
+    op.key.is_reference() && op.limit.algorithm.in_reference_layout()
 }
 
 impl Shared {
