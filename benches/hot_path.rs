@@ -233,17 +233,20 @@ fn rlqs(c: &mut Criterion) {
     let _guard = runtime.enter();
     let rules = "domain: rq\ndescriptors:\n  - key: name\n    rate_limit: {unit: second, requests_per_unit: 1000}\n";
     let policy = load_sources(&[("rq.yaml".into(), rules.into())], LoadOptions::default()).unwrap();
-    let store = MemoryStore::new(MemoryOptions::default(), Arc::new(SystemClock));
+    let store = Arc::new(MemoryStore::new(
+        MemoryOptions::default(),
+        Arc::new(SystemClock),
+    ));
     let limiter = Arc::new(Limiter::new(
         Arc::new(policy),
-        Arc::new(store),
+        store.clone(),
         LimiterOptions::default(),
     ));
     let options = RlqsOptions {
         reports_per_second: f64::MAX,
         ..RlqsOptions::default()
     };
-    let quotas = Quotas::new(limiter, options);
+    let quotas = Quotas::new(limiter, store, options);
     let (stream, _outbox) = quotas.open(0).unwrap();
     // Bucket ids as they come off the wire, made canonical in the measured part as the
     // service does (the protobuf decoding itself is not measured).

@@ -101,6 +101,8 @@ const GRPC_MAX_HEADER_LIST: u32 = 64 * 1024;
 pub struct Prepared {
     settings: Settings,
     limiter: Arc<Limiter>,
+    /// The shared store under the limiter's stack (see `store::Stores`).
+    shared: Arc<dyn crate::store::Shared>,
     config: SharedConfigInfo,
     metrics: Arc<Metrics>,
     reset: Arc<admin::ResetAccess>,
@@ -149,12 +151,12 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
             (loaded, settings.config_dir.display().to_string())
         }
     };
-    let store = build_store(&settings, &time)?;
+    let stores = build_store(&settings, &time)?;
     tracing::info!(
         source = %source,
         files = loaded.files.len(),
         domains = loaded.policy.domain_count(),
-        store = store.status().kind,
+        store = stores.top.status().kind,
         "rate limit config loaded"
     );
     if settings.as_reference {
@@ -183,7 +185,7 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         connection: None,
     }));
     let limiter = Arc::new(
-        Limiter::new(Arc::new(loaded.policy), store, settings.limiter)
+        Limiter::new(Arc::new(loaded.policy), stores.top, settings.limiter)
             .with_observer(metrics.clone()),
     );
     let reset = Arc::new(admin::ResetAccess::new(
@@ -198,6 +200,7 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
     Ok(Prepared {
         settings,
         limiter,
+        shared: stores.shared,
         config,
         metrics,
         reset,
@@ -246,7 +249,7 @@ impl Prepared {
     /// `hurry` is `Send` but not `Sync`, so `&self` could not be held across an await.)
     async fn warm_up(&mut self) {
         let startup = self.settings.store_startup;
-        let store = self.limiter.store();
+        let store = &self.shared;
         if startup.max_elapsed.is_zero() {
             if tokio::time::timeout(WARM_UP_LIMIT, store.warm_up())
                 .await
@@ -363,8 +366,12 @@ impl Prepared {
         drain: &CancellationToken,
     ) -> Result<(RlqsService, Arc<Quotas>, crate::rlqs::Lane), AppError> {
         let quotas = Arc::new(
-            Quotas::new(self.limiter.clone(), self.settings.rlqs.clone())
-                .with_metrics(self.metrics.rlqs()),
+            Quotas::new(
+                self.limiter.clone(),
+                self.shared.clone(),
+                self.settings.rlqs.clone(),
+            )
+            .with_metrics(self.metrics.rlqs()),
         );
         let lane = crate::rlqs::Lane::start()
             .map_err(|e| AppError::Serve(format!("cannot start the RLQS thread: {e}")))?;

@@ -7,8 +7,19 @@ use crate::clock::{Clock, MonotonicClock, SystemClock};
 use crate::settings::{Backend, Settings};
 use crate::store::redis::RedisOptions;
 use crate::store::{
-    Leased, MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Store,
+    Leased, MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Shared, Store,
 };
+
+/// The store stack, and the shared store at its bottom (what the lease layer wraps), whose
+/// handle goes to those that ask more of it than counting: RLQS's claims, the warm-up and
+/// the probe at startup.
+pub(super) struct Stores {
+    /// What the limiter counts in: the top of the stack.
+    pub top: Arc<dyn Store>,
+    /// The shared store (the memory store alone, or the failure policy around Redis, or the
+    /// per-second split of two).
+    pub shared: Arc<dyn Shared>,
+}
 
 /// Where the stores take the time from.
 pub(super) enum Time {
@@ -40,9 +51,13 @@ impl Time {
 
 /// The store stack `settings` ask for: the memory store, or the layers of src/store/mod.rs
 /// around Redis, from the inside out.
-pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn Store>, AppError> {
+pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Stores, AppError> {
     let Backend::Redis = settings.backend else {
-        return Ok(memory(settings, time));
+        let memory = memory(settings, time);
+        return Ok(Stores {
+            top: memory.clone(),
+            shared: memory,
+        });
     };
     let options = settings
         .redis
@@ -60,16 +75,23 @@ pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Arc<dyn St
         })
         .transpose()?;
     // split: the counters with one-second windows on their own Redis (REDIS_PERSECOND).
-    let store = split(main.clone(), per_second.clone());
+    let shared = split(main.clone(), per_second.clone());
     // lease: blocks of units for `consistency: leased` rules; other requests pass through.
-    let store = Arc::new(Leased::new(store, settings.lease.clone(), time.durations()));
+    let store = Arc::new(Leased::new(
+        shared.clone(),
+        settings.lease.clone(),
+        time.durations(),
+    ));
     // overlimit: refusals remembered until the window ends, late answers' included.
     let late = [Some(main), per_second].into_iter().flatten();
-    Ok(over_limit_cache(store, settings, time, late))
+    Ok(Stores {
+        top: over_limit_cache(store, settings, time, late),
+        shared,
+    })
 }
 
 /// The memory store alone (one instance's counters).
-fn memory(settings: &Settings, time: &Time) -> Arc<dyn Store> {
+fn memory(settings: &Settings, time: &Time) -> Arc<MemoryStore> {
     if settings.kubernetes {
         tracing::warn!(
             "memory store under Kubernetes: each replica counts on its own, so N replicas admit up to N times every limit; use a shared store for fleet-wide limits"
@@ -101,7 +123,7 @@ fn resilient_redis(
 }
 
 /// The main store, or it and the per-second one behind the split.
-fn split(main: Arc<Resilient>, per_second: Option<Arc<Resilient>>) -> Arc<dyn Store> {
+fn split(main: Arc<Resilient>, per_second: Option<Arc<Resilient>>) -> Arc<dyn Shared> {
     match per_second {
         None => main,
         Some(per_second) => Arc::new(PerSecondSplit::new(main, per_second)),

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use crate::limiter::Limiter;
 use crate::policy::Policy;
-use crate::store::{ClaimAsk, ClaimGrant};
+use crate::store::{ClaimAsk, ClaimGrant, Shared};
 
 use super::bucket::{BucketKey, Quota, Rejected};
 use super::budget::{BudgetState, PeerId, StreamId};
@@ -71,6 +71,8 @@ pub const DRAIN_TTL: Duration = Duration::from_secs(2);
 /// The RLQS state of this instance.
 pub struct Quotas {
     limiter: Arc<Limiter>,
+    /// Where the claims on shared budgets are recorded.
+    store: Arc<dyn Shared>,
     options: RlqsOptions,
     metrics: Option<Arc<RlqsMetrics>>,
     origin: Instant,
@@ -134,11 +136,12 @@ struct Tracked {
 }
 
 impl Quotas {
-    /// The RLQS state over the limiter's policy and store.
-    pub fn new(limiter: Arc<Limiter>, options: RlqsOptions) -> Self {
+    /// The RLQS state over the limiter's policy, claiming budgets in `store`.
+    pub fn new(limiter: Arc<Limiter>, store: Arc<dyn Shared>, options: RlqsOptions) -> Self {
         let policy = limiter.policy();
         Self {
             limiter,
+            store,
             options,
             metrics: None,
             origin: Instant::now(),
@@ -285,7 +288,7 @@ impl Quotas {
         if asks.is_empty() {
             return Some(Vec::new());
         }
-        match self.limiter.store().claim(asks).await {
+        match self.store.claim(asks).await {
             Ok(grants) if grants.len() == asks.len() => Some(grants),
             Ok(_) | Err(_) => {
                 if let Some(m) = &self.metrics {

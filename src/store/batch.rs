@@ -79,13 +79,56 @@ impl FailureMode {
         }
     }
 
-    /// Every mode, in the order of [`StoreStatus::failure_mode_answers`](super::StoreStatus).
+    /// Every mode.
     pub const ALL: [FailureMode; 4] = [
         FailureMode::Allow,
         FailureMode::Deny,
         FailureMode::Local,
         FailureMode::Envoy,
     ];
+}
+
+/// Counters answered by the failure policy so far, by mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailureModeAnswers {
+    /// Admitted (`allow`).
+    pub allow: u64,
+    /// Refused (`deny`).
+    pub deny: u64,
+    /// Counted in this instance's memory (`local`).
+    pub local: u64,
+    /// Failed for Envoy to decide (`envoy`).
+    pub envoy: u64,
+}
+
+impl FailureModeAnswers {
+    /// The answers of `mode`.
+    pub fn of(&self, mode: FailureMode) -> u64 {
+        match mode {
+            FailureMode::Allow => self.allow,
+            FailureMode::Deny => self.deny,
+            FailureMode::Local => self.local,
+            FailureMode::Envoy => self.envoy,
+        }
+    }
+
+    /// The answers of `mode`, to change.
+    pub fn of_mut(&mut self, mode: FailureMode) -> &mut u64 {
+        match mode {
+            FailureMode::Allow => &mut self.allow,
+            FailureMode::Deny => &mut self.deny,
+            FailureMode::Local => &mut self.local,
+            FailureMode::Envoy => &mut self.envoy,
+        }
+    }
+
+    /// These answers and `other`'s together (two stores behind the per-second split).
+    pub fn and(mut self, other: FailureModeAnswers) -> Self {
+        for mode in FailureMode::ALL {
+            *self.of_mut(mode) += other.of(mode);
+        }
+        self
+    }
 }
 
 /// All counter operations of one request.

@@ -72,7 +72,7 @@ pub struct Leased {
 }
 
 struct Shared {
-    inner: Arc<dyn Store>,
+    inner: Arc<dyn super::Shared>,
     shards: Sharded<DigestMap<Block>>,
     digester: Digester,
     clock: Arc<dyn Clock>,
@@ -119,7 +119,11 @@ struct Local {
 
 impl Leased {
     /// Leases from `inner`; `clock` times the blocks (local time: only durations matter).
-    pub fn new(inner: Arc<dyn Store>, options: LeaseOptions, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        inner: Arc<dyn super::Shared>,
+        options: LeaseOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let period = options.period.as_micros().clamp(1_000, u64::MAX as u128) as Micros;
         Self {
             shared: Arc::new(Shared {
@@ -509,32 +513,9 @@ impl Store for Leased {
         status
     }
 
-    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
-        self.shared.inner.lease(asks)
-    }
-
-    fn instances<'a>(
-        &'a self,
-        instance: &'a str,
-        within: Duration,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.shared.inner.instances(instance, within)
-    }
-
-    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.shared.inner.probe()
-    }
-
     /// Drops this instance's blocks of these counters (their units were taken from the
     /// count being cleared), then resets the shared counters. Blocks other instances hold
     /// stay theirs until they run out or expire.
-    fn claim<'a>(
-        &'a self,
-        asks: &'a [super::ClaimAsk],
-    ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
-        self.shared.inner.claim(asks)
-    }
-
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         for op in ops {
             let digest = self.shared.block_digest(op);
@@ -565,9 +546,5 @@ impl Store for Leased {
             }
             self.shared.inner.shut_down().await;
         })
-    }
-
-    fn warm_up(&self) -> BoxFuture<'_, ()> {
-        self.shared.inner.warm_up()
     }
 }

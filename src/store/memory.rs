@@ -378,6 +378,35 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(self.apply_now(batch))))
     }
 
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.reset_now(ops))))
+    }
+
+    /// Holds nothing of another store's: its counters end with the process.
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
+    fn status(&self) -> StoreStatus {
+        StoreStatus {
+            kind: "memory",
+            tracked_keys: Some(self.len()),
+            max_keys: Some(self.shared.max_keys),
+            evicted_keys: self.shared.evicted.load(Ordering::Relaxed),
+            bytes: Some(self.heap_bytes()),
+            full: {
+                let last = self.shared.last_evicted.load(Ordering::Relaxed);
+                last != 0 && self.shared.clock.now().saturating_sub(last) < FULL_FOR
+            },
+            healthy: true,
+            detail: None,
+            failure_mode_answers: Default::default(),
+            leases: None,
+        }
+    }
+}
+
+impl super::Shared for MemoryStore {
     fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         Box::pin(std::future::ready(Ok(self.lease_now(asks))))
     }
@@ -406,33 +435,6 @@ impl Store for MemoryStore {
             .iter()
             .map(super::ClaimGrant::alone)
             .collect())))
-    }
-
-    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.reset_now(ops))))
-    }
-
-    /// Holds nothing of another store's: its counters end with the process.
-    fn shut_down(&self) -> BoxFuture<'_, ()> {
-        Box::pin(std::future::ready(()))
-    }
-
-    fn status(&self) -> StoreStatus {
-        StoreStatus {
-            kind: "memory",
-            tracked_keys: Some(self.len()),
-            max_keys: Some(self.shared.max_keys),
-            evicted_keys: self.shared.evicted.load(Ordering::Relaxed),
-            bytes: Some(self.heap_bytes()),
-            full: {
-                let last = self.shared.last_evicted.load(Ordering::Relaxed);
-                last != 0 && self.shared.clock.now().saturating_sub(last) < FULL_FOR
-            },
-            healthy: true,
-            detail: None,
-            failure_mode_answers: [0; 4],
-            leases: None,
-        }
     }
 }
 

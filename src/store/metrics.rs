@@ -7,11 +7,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, Registry};
 
-use super::StoreStatus;
+use super::{FailureMode, FailureModeAnswers, StoreStatus};
 use crate::metrics::{LATENCY_BUCKETS, counter, counter_vec, gauge, histogram};
-
-/// The failure modes, in the order of [`StoreStatus::failure_mode_answers`].
-const FAILURE_MODES: [&str; 4] = ["allow", "deny", "local", "envoy"];
 
 /// Store calls, the breaker and the failure policy.
 pub struct StoreMetrics {
@@ -20,7 +17,7 @@ pub struct StoreMetrics {
     healthy: IntGauge,
     failure_mode: IntCounterVec,
     /// The failure-mode answers already counted, by mode: the store counts totals.
-    failure_mode_seen: Mutex<[u64; 4]>,
+    failure_mode_seen: Mutex<FailureModeAnswers>,
     memory: MemoryGauges,
     leases: LeaseMetrics,
 }
@@ -94,12 +91,13 @@ impl StoreMetrics {
             self.leases.observe(leases);
         }
         let mut seen = self.failure_mode_seen.lock();
-        for (i, mode) in FAILURE_MODES.iter().enumerate() {
-            let now = store.failure_mode_answers[i];
+        for mode in FailureMode::ALL {
+            let now = store.failure_mode_answers.of(mode);
+            let seen = seen.of_mut(mode);
             self.failure_mode
-                .with_label_values(&[mode])
-                .inc_by(now.saturating_sub(seen[i]));
-            seen[i] = now.max(seen[i]);
+                .with_label_values(&[mode.as_str()])
+                .inc_by(now.saturating_sub(*seen));
+            *seen = now.max(*seen);
         }
     }
 }

@@ -1,16 +1,25 @@
-//! Counter stores. One async, object-safe trait, batched per request: a store applies all of
-//! a request's counter operations in one call, atomically, so that a request answered
+//! Counter stores. Two async, object-safe traits, by capability: [`Store`], what every layer
+//! of the stack decides itself (apply a request's batch, reset, the counter's key, status,
+//! shut down), and [`Shared`], what only a store shared by the fleet does beside counting
+//! (lease, count instances, claim RLQS budgets, probe, warm up). A store applies all of a
+//! request's counter operations in one call, atomically, so that a request answered
 //! OVER_LIMIT charges nothing on any of its descriptors.
 //!
 //! The stores, then the layers that wrap a shared one, from the inside out (the order in
 //! which `app` stacks them):
 //!
-//! - [`memory`]: sharded in-process map, the embedded default (one instance only).
-//! - [`redis`]: Redis, Redis Cluster or Sentinel: one limit for the whole fleet.
+//! - [`memory`]: sharded in-process map, the embedded default (one instance only). Shared.
+//! - [`redis`]: Redis, Redis Cluster or Sentinel: one limit for the whole fleet. Shared.
 //! - [`resilient`]: deadline, circuit breaker and `failure_mode` around a shared store.
-//! - [`split`]: per-second counters on a Redis of their own (`REDIS_PERSECOND`).
-//! - [`lease`]: leased quota: blocks of units taken from a shared counter, admitted in memory.
-//! - [`overlimit`]: answers keys known to be over the limit without a store round trip.
+//!   Shared.
+//! - [`split`]: per-second counters on a Redis of their own (`REDIS_PERSECOND`). Shared.
+//! - [`lease`]: leased quota: blocks of units taken from a shared counter, admitted in
+//!   memory. A `Store` over a `Shared`.
+//! - [`overlimit`]: answers keys known to be over the limit without a store round trip. A
+//!   `Store` over a `Store`.
+//!
+//! The app keeps the handle of the shared store (under the lease layer) for those that ask
+//! it more than counting: the lease layer, RLQS, the warm-up and probe at startup.
 
 mod batch;
 pub mod claim;
@@ -28,7 +37,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use batch::{
-    Admission, Applied, Batch, Calls, Consistency, CounterOp, FailureMode, Role, admitted,
+    Admission, Applied, Batch, Calls, Consistency, CounterOp, FailureMode, FailureModeAnswers,
+    Role, admitted,
 };
 pub use claim::{ClaimAsk, ClaimGrant};
 pub use key::CounterKey;
@@ -44,7 +54,9 @@ pub use split::PerSecondSplit;
 /// A boxed future, so that [`Store`] stays object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Where counters live.
+/// Where counters live: what every layer of the stack decides for itself. A layer that wraps
+/// another says what it does with each method (pass it on, act on what it keeps itself, or
+/// both); there are no defaults but [`Store::store_key`].
 pub trait Store: Send + Sync + 'static {
     /// Decides every operation of `batch` against the current counters and, when the request
     /// is admitted (see [`admitted`]), charges the allowed ones. Refunds always apply.
@@ -53,9 +65,29 @@ pub trait Store: Send + Sync + 'static {
     /// A snapshot for `/rlconfig`, logs and metrics.
     fn status(&self) -> StoreStatus;
 
-    // The five methods below have no default: a layer that wraps another must say what it
-    // does with each (pass it on, act on what it keeps itself, or both).
+    /// Clears the counters of `ops` (an operator's reset): each starts again from no state.
+    /// Answers how many of them held state. Stores that wrap another clear what they keep
+    /// of these counters themselves (remembered refusals, leased blocks) and pass it on.
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>>;
 
+    /// Gives back what this instance holds of shared counters (leased units), after the
+    /// drain: nothing is lost to a rolling restart. A layer passes it on once it has given
+    /// back what it holds itself.
+    fn shut_down(&self) -> BoxFuture<'_, ()>;
+
+    /// The key `op`'s counter is kept under in the store now (for `redis-cli`: the key prefix,
+    /// and for the reference layout the window start, included).
+    fn store_key(&self, op: &CounterOp) -> String {
+        op.key.to_string()
+    }
+}
+
+/// What a store shared by the fleet can do beside counting (the backends, the failure policy
+/// around one, the per-second split of two), asked by the layers and rooms that need it: the
+/// lease layer leases and counts instances, RLQS claims budgets, the app probes and warms
+/// up. Layers above the shared store (the lease layer, the over-limit cache) do not have it:
+/// the app hands out the shared store's handle itself.
+pub trait Shared: Store {
     /// Takes (or hands back) blocks of units, one per ask, each on its own: a lease is a
     /// charge of at most what is left ([`crate::algorithm::lease`]).
     fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>>;
@@ -74,22 +106,6 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         asks: &'a [ClaimAsk],
     ) -> BoxFuture<'a, Result<Vec<ClaimGrant>, StoreError>>;
-
-    /// Clears the counters of `ops` (an operator's reset): each starts again from no state.
-    /// Answers how many of them held state. Stores that wrap another clear what they keep
-    /// of these counters themselves (remembered refusals, leased blocks) and pass it on.
-    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>>;
-
-    /// Gives back what this instance holds of shared counters (leased units), after the
-    /// drain: nothing is lost to a rolling restart. A layer passes it on once it has given
-    /// back what it holds itself.
-    fn shut_down(&self) -> BoxFuture<'_, ()>;
-
-    /// The key `op`'s counter is kept under in the store now (for `redis-cli`: the key prefix,
-    /// and for the reference layout the window start, included).
-    fn store_key(&self, op: &CounterOp) -> String {
-        op.key.to_string()
-    }
 
     /// Checks that the store answers, without counting anything (the circuit breaker's probe).
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -132,8 +148,8 @@ pub struct StoreStatus {
     pub healthy: bool,
     /// A line on the store's state, e.g. the breaker and failure-mode answers.
     pub detail: Option<String>,
-    /// Counters answered by the failure policy so far: allow, deny, local.
-    pub failure_mode_answers: [u64; 4],
+    /// Counters answered by the failure policy so far, by mode.
+    pub failure_mode_answers: FailureModeAnswers,
     /// Leased quota, where the store leases.
     pub leases: Option<lease::LeaseStatus>,
 }

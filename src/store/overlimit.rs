@@ -310,19 +310,8 @@ impl Store for OverLimitCache {
         Box::pin(self.apply_batch(batch))
     }
 
-    fn warm_up(&self) -> BoxFuture<'_, ()> {
-        self.inner.warm_up()
-    }
-
     /// Forgets the refusals remembered for these counters, then resets them in the store:
     /// a reset counter is not refused from memory until its window ends.
-    fn claim<'a>(
-        &'a self,
-        asks: &'a [super::ClaimAsk],
-    ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
-        self.inner.claim(asks)
-    }
-
     fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
         for op in ops {
             self.refusals.forget(op);
@@ -334,30 +323,11 @@ impl Store for OverLimitCache {
         self.inner.store_key(op)
     }
 
-    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.probe()
-    }
-
     fn status(&self) -> StoreStatus {
         self.inner.status()
     }
 
     fn shut_down(&self) -> BoxFuture<'_, ()> {
         self.inner.shut_down()
-    }
-
-    fn lease<'a>(
-        &'a self,
-        asks: &'a [super::LeaseAsk],
-    ) -> BoxFuture<'a, Result<Vec<super::Grant>, StoreError>> {
-        self.inner.lease(asks)
-    }
-
-    fn instances<'a>(
-        &'a self,
-        instance: &'a str,
-        within: std::time::Duration,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.inner.instances(instance, within)
     }
 }

@@ -23,8 +23,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::{
-    Applied, Batch, BoxFuture, CounterOp, FailureMode, Grant, LateAnswers, LeaseAsk, MemoryStore,
-    Store, StoreError, StoreStatus, Take, admitted,
+    Applied, Batch, BoxFuture, CounterOp, FailureMode, FailureModeAnswers, Grant, LateAnswers,
+    LeaseAsk, MemoryStore, Store, StoreError, StoreStatus, Take, admitted,
 };
 use crate::algorithm::{Decision, Limit, Micros, SECOND};
 use crate::clock::Clock;
@@ -77,13 +77,61 @@ pub struct Resilient {
     shared: Arc<Shared>,
     options: ResilienceOptions,
     local: MemoryStore,
-    /// Requests answered by the failure policy, by mode: allow, deny, local.
-    degraded: [AtomicU64; 4],
+    /// Counters answered by the failure policy.
+    answered: AnsweredBy,
+}
+
+/// Counters answered by the failure policy so far, by mode.
+#[derive(Default)]
+struct AnsweredBy {
+    allow: AtomicU64,
+    deny: AtomicU64,
+    local: AtomicU64,
+    envoy: AtomicU64,
+}
+
+impl AnsweredBy {
+    fn of(&self, mode: FailureMode) -> &AtomicU64 {
+        match mode {
+            FailureMode::Allow => &self.allow,
+            FailureMode::Deny => &self.deny,
+            FailureMode::Local => &self.local,
+            FailureMode::Envoy => &self.envoy,
+        }
+    }
+
+    fn count(&self, mode: FailureMode) {
+        self.of(mode).fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn now(&self) -> FailureModeAnswers {
+        let mut answers = FailureModeAnswers::default();
+        for mode in FailureMode::ALL {
+            *answers.of_mut(mode) = self.of(mode).load(Ordering::Relaxed);
+        }
+        answers
+    }
+}
+
+/// `call`, or an `Unavailable` error naming `what` when it has not answered within
+/// `deadline`.
+async fn within<T>(
+    deadline: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(format!(
+                "no answer to {what} within {deadline:?}"
+            )))
+        })
 }
 
 /// What background calls and the prober share with the requests.
 struct Shared {
-    primary: Arc<dyn Store>,
+    primary: Arc<dyn super::Shared>,
     breaker: Breaker,
     clock: Arc<dyn Clock>,
     late: OnceLock<Arc<dyn LateAnswers>>,
@@ -96,7 +144,11 @@ struct Shared {
 impl Resilient {
     /// Wraps `primary`; `clock` drives the windows of `allow`/`deny` answers and the local
     /// fallback store.
-    pub fn new(primary: Arc<dyn Store>, options: ResilienceOptions, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        primary: Arc<dyn super::Shared>,
+        options: ResilienceOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 primary,
@@ -110,7 +162,7 @@ impl Resilient {
             }),
             options,
             local: MemoryStore::new(MemoryOptions::default(), clock),
-            degraded: Default::default(),
+            answered: AnsweredBy::default(),
         }
     }
 
@@ -179,7 +231,7 @@ impl Resilient {
             .iter()
             .any(|op| op.failure_mode == FailureMode::Envoy)
         {
-            self.degraded[FailureMode::Envoy as usize].fetch_add(1, Ordering::Relaxed);
+            self.answered.count(FailureMode::Envoy);
             return Err(StoreError::Unavailable(
                 "the store is failing; failure_mode envoy leaves the decision to Envoy's failure_mode_deny".into(),
             ));
@@ -207,8 +259,7 @@ impl Resilient {
                     None
                 }
             };
-            let mode = op.failure_mode as usize;
-            self.degraded[mode].fetch_add(1, Ordering::Relaxed);
+            self.answered.count(op.failure_mode);
         }
         if !local_ops.is_empty() {
             // A `deny` answer that rejects the request anyway must not charge local counters.
@@ -272,6 +323,48 @@ impl Store for Resilient {
         Box::pin(self.apply_batch(batch))
     }
 
+    /// Resets the local fallback's counters too (what `failure_mode: local` counted), then
+    /// the store's within the deadline; a failing store is an error (nothing to fall back on).
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            self.local.reset(ops).await?;
+            let deadline = self.options.background_limit();
+            within(deadline, "the reset", self.shared.primary.reset(ops)).await
+        })
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        self.shared.primary.store_key(op)
+    }
+
+    /// The local fallback holds nothing of the shared counters; the store behind may.
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        self.shared.primary.shut_down()
+    }
+
+    fn status(&self) -> StoreStatus {
+        let mut status = self.shared.primary.status();
+        let answers = self.answered.now();
+        let open = self.shared.breaker.is_open();
+        status.detail = Some(format!(
+            "{}; answered by failure_mode: {} allow, {} deny, {} local, {} envoy",
+            if open {
+                "failing (circuit breaker open)"
+            } else {
+                "ok"
+            },
+            answers.allow,
+            answers.deny,
+            answers.local,
+            answers.envoy,
+        ));
+        status.healthy = !open;
+        status.failure_mode_answers = answers;
+        status
+    }
+}
+
+impl super::Shared for Resilient {
     /// Leases within the deadline, counted by the breaker like any call; while the breaker
     /// is open, an error at once (the leasing layer answers by the failure mode then).
     /// Hand-backs get the background limit: nobody waits for them.
@@ -287,18 +380,12 @@ impl Store for Resilient {
             } else {
                 self.options.deadline
             };
-            let error = match tokio::time::timeout(deadline, shared.primary.lease(asks)).await {
-                Ok(Ok(grants)) => {
-                    shared.breaker.succeeded();
-                    return Ok(grants);
-                }
-                Ok(Err(e)) => e,
-                Err(_) => {
-                    StoreError::Unavailable(format!("no lease within the {deadline:?} deadline"))
-                }
-            };
-            Shared::failed(shared, &error);
-            Err(error)
+            let result = within(deadline, "the lease", shared.primary.lease(asks)).await;
+            match &result {
+                Ok(_) => shared.breaker.succeeded(),
+                Err(error) => Shared::failed(shared, error),
+            }
+            result
         })
     }
 
@@ -307,27 +394,15 @@ impl Store for Resilient {
         instance: &'a str,
         within: Duration,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            match tokio::time::timeout(
-                self.options.background_limit(),
-                self.shared.primary.instances(instance, within),
-            )
-            .await
-            {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Unavailable(
-                    "no answer counting instances".into(),
-                )),
-            }
-        })
+        let deadline = self.options.background_limit();
+        let call = self.shared.primary.instances(instance, within);
+        Box::pin(self::within(deadline, "counting instances", call))
     }
 
     fn warm_up(&self) -> BoxFuture<'_, ()> {
         self.shared.primary.warm_up()
     }
 
-    /// Resets the local fallback's counters too (what `failure_mode: local` counted), then
-    /// the store's within the deadline; a failing store is an error (nothing to fall back on).
     /// Within the background deadline; an open breaker refuses at once (the claims then stay
     /// as they are until the store answers again).
     fn claim<'a>(
@@ -338,68 +413,13 @@ impl Store for Resilient {
             if self.shared.breaker.is_open() {
                 return Err(StoreError::Unavailable("circuit breaker open".into()));
             }
-            match tokio::time::timeout(
-                self.options.background_limit(),
-                self.shared.primary.claim(asks),
-            )
-            .await
-            {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Unavailable("claim timed out".into())),
-            }
-        })
-    }
-
-    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            self.local.reset(ops).await?;
             let deadline = self.options.background_limit();
-            match tokio::time::timeout(deadline, self.shared.primary.reset(ops)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Unavailable(format!(
-                    "no answer to the reset within {deadline:?}"
-                ))),
-            }
+            within(deadline, "the claims", self.shared.primary.claim(asks)).await
         })
-    }
-
-    fn store_key(&self, op: &CounterOp) -> String {
-        self.shared.primary.store_key(op)
-    }
-
-    /// The local fallback holds nothing of the shared counters; the store behind may.
-    fn shut_down(&self) -> BoxFuture<'_, ()> {
-        self.shared.primary.shut_down()
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.shared.primary.probe()
-    }
-
-    fn status(&self) -> StoreStatus {
-        let mut status = self.shared.primary.status();
-        let [allow, deny, local, envoy] = &self.degraded;
-        let open = self.shared.breaker.is_open();
-        status.detail = Some(format!(
-            "{}; answered by failure_mode: {} allow, {} deny, {} local, {} envoy",
-            if open {
-                "failing (circuit breaker open)"
-            } else {
-                "ok"
-            },
-            allow.load(Ordering::Relaxed),
-            deny.load(Ordering::Relaxed),
-            local.load(Ordering::Relaxed),
-            envoy.load(Ordering::Relaxed),
-        ));
-        status.healthy = !open;
-        status.failure_mode_answers = [
-            allow.load(Ordering::Relaxed),
-            deny.load(Ordering::Relaxed),
-            local.load(Ordering::Relaxed),
-            envoy.load(Ordering::Relaxed),
-        ];
-        status
     }
 }
 

@@ -13,16 +13,16 @@ use futures_util::future::join_all;
 use std::sync::Arc;
 
 use super::{
-    Admission, Applied, Batch, BoxFuture, CounterOp, Grant, LeaseAsk, Role, Store, StoreError,
-    StoreStatus, admitted,
+    Admission, Applied, Batch, BoxFuture, CounterOp, Grant, LeaseAsk, Role, Shared, Store,
+    StoreError, StoreStatus, admitted,
 };
 use crate::algorithm::{Decision, SECOND};
 use crate::logging::Every;
 
 /// Two stores, split by window.
 pub struct PerSecondSplit {
-    main: Arc<dyn Store>,
-    per_second: Arc<dyn Store>,
+    main: Arc<dyn Shared>,
+    per_second: Arc<dyn Shared>,
 }
 
 /// Whether `op` counts on the per-second store.
@@ -63,7 +63,7 @@ impl Half {
 
 impl PerSecondSplit {
     /// Counts one-second windows in `per_second`, the others in `main`.
-    pub fn new(main: Arc<dyn Store>, per_second: Arc<dyn Store>) -> Self {
+    pub fn new(main: Arc<dyn Shared>, per_second: Arc<dyn Shared>) -> Self {
         Self { main, per_second }
     }
 
@@ -169,10 +169,7 @@ impl Store for PerSecondSplit {
     fn status(&self) -> StoreStatus {
         let (main, fast) = (self.main.status(), self.per_second.status());
         let detail = |s: &StoreStatus| s.detail.clone().unwrap_or_else(|| "ok".into());
-        let mut answers = main.failure_mode_answers;
-        for (sum, more) in answers.iter_mut().zip(fast.failure_mode_answers) {
-            *sum += more;
-        }
+        let answers = main.failure_mode_answers.and(fast.failure_mode_answers);
         StoreStatus {
             kind: main.kind,
             tracked_keys: None,
@@ -191,6 +188,39 @@ impl Store for PerSecondSplit {
         }
     }
 
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (fast, slow): (Vec<CounterOp>, Vec<CounterOp>) = ops
+                .iter()
+                .cloned()
+                .partition(|op| op.limit.window == SECOND);
+            let mut cleared = 0;
+            if !fast.is_empty() {
+                cleared += self.per_second.reset(&fast).await?;
+            }
+            if !slow.is_empty() {
+                cleared += self.main.reset(&slow).await?;
+            }
+            Ok(cleared)
+        })
+    }
+
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {
+            join_all(vec![self.main.shut_down(), self.per_second.shut_down()]).await;
+        })
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        if op.limit.window == SECOND {
+            self.per_second.store_key(op)
+        } else {
+            self.main.store_key(op)
+        }
+    }
+}
+
+impl Shared for PerSecondSplit {
     fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         Box::pin(async move {
             // Each ask to the store its counter lives in, both halves at once.
@@ -242,37 +272,6 @@ impl Store for PerSecondSplit {
         asks: &'a [super::ClaimAsk],
     ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
         self.main.claim(asks)
-    }
-
-    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let (fast, slow): (Vec<CounterOp>, Vec<CounterOp>) = ops
-                .iter()
-                .cloned()
-                .partition(|op| op.limit.window == SECOND);
-            let mut cleared = 0;
-            if !fast.is_empty() {
-                cleared += self.per_second.reset(&fast).await?;
-            }
-            if !slow.is_empty() {
-                cleared += self.main.reset(&slow).await?;
-            }
-            Ok(cleared)
-        })
-    }
-
-    fn shut_down(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {
-            join_all(vec![self.main.shut_down(), self.per_second.shut_down()]).await;
-        })
-    }
-
-    fn store_key(&self, op: &CounterOp) -> String {
-        if op.limit.window == SECOND {
-            self.per_second.store_key(op)
-        } else {
-            self.main.store_key(op)
-        }
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {

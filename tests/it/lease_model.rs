@@ -26,7 +26,7 @@ use sluice::store::lease::LeaseOptions;
 use sluice::store::memory::MemoryOptions;
 use sluice::store::{
     Admission, Applied, Batch, BoxFuture, Consistency, CounterKey, CounterOp, FailureMode, Grant,
-    LeaseAsk, Leased, MemoryStore, Role, Store, StoreError, StoreStatus,
+    LeaseAsk, Leased, MemoryStore, Role, Shared, Store, StoreError, StoreStatus,
 };
 
 const START: Micros = 1_700_000_040 * SECOND;
@@ -34,15 +34,27 @@ const DAY: Micros = 86_400 * SECOND;
 
 /// The shared store, answering after a yield: requests in flight together interleave at
 /// every store call, as they do over a network.
-struct Shared(MemoryStore);
+struct Remote(MemoryStore);
 
-impl Store for Shared {
+impl Store for Remote {
     fn apply<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<Applied, StoreError>> {
         Box::pin(async move {
             tokio::task::yield_now().await;
             self.0.apply(batch).await
         })
     }
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.0.reset(ops)
+    }
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        self.0.shut_down()
+    }
+    fn status(&self) -> StoreStatus {
+        self.0.status()
+    }
+}
+
+impl Shared for Remote {
     fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         Box::pin(async move {
             tokio::task::yield_now().await;
@@ -62,15 +74,6 @@ impl Store for Shared {
     ) -> BoxFuture<'a, Result<Vec<sluice::store::ClaimGrant>, StoreError>> {
         self.0.claim(asks)
     }
-    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.0.reset(ops)
-    }
-    fn shut_down(&self) -> BoxFuture<'_, ()> {
-        self.0.shut_down()
-    }
-    fn status(&self) -> StoreStatus {
-        self.0.status()
-    }
 }
 
 struct Fleet {
@@ -80,7 +83,7 @@ struct Fleet {
 
 fn fleet(n: usize, period: Duration) -> Fleet {
     let clock = Arc::new(ManualClock::new(START));
-    let store = Arc::new(Shared(MemoryStore::new(
+    let store = Arc::new(Remote(MemoryStore::new(
         MemoryOptions::default(),
         clock.clone(),
     )));
@@ -427,7 +430,7 @@ async fn refunds_give_back_to_the_block_at_most_what_it_admitted_and_never_to_th
 #[tokio::test]
 async fn a_flood_of_keys_is_decided_exactly_beyond_the_table() {
     let clock = Arc::new(ManualClock::new(START));
-    let store = Arc::new(Shared(MemoryStore::new(
+    let store = Arc::new(Remote(MemoryStore::new(
         MemoryOptions::default(),
         clock.clone(),
     )));

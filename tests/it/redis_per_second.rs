@@ -16,7 +16,7 @@ use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::resilient::ResilienceOptions;
 use sluice::store::{
     Admission, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, PerSecondSplit, RedisStore,
-    Role, Store,
+    Role, Shared, Store,
 };
 
 const HOUR: Micros = 3600 * SECOND;
@@ -53,7 +53,7 @@ struct Pair {
 fn pair() -> Pair {
     let (main, fast) = (RedisServer::start(), RedisServer::start());
     let clock = Arc::new(ManualClock::new(T0));
-    let redis = |server: &RedisServer| -> Arc<dyn Store> {
+    let redis = |server: &RedisServer| -> Arc<dyn Shared> {
         let store = RedisStore::new(&RedisOptions::new(server.url(), RedisKind::Single)).unwrap();
         Arc::new(store.with_clock(clock.clone()))
     };

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::common::redis::{RedisCluster, RedisServer};
 use sluice::store::redis::{RedisKind, RedisOptions};
-use sluice::store::{ClaimAsk, RedisStore, Store};
+use sluice::store::{ClaimAsk, RedisStore, Shared};
 
 fn ask(instance: &str, want: u64, ttl_ms: u64) -> ClaimAsk {
     ClaimAsk {

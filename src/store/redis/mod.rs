@@ -144,7 +144,7 @@ struct Reply {
 
 impl RedisStore {
     /// Validates `options` and prepares the clients; connections are made by
-    /// [`Store::warm_up`] or on first use.
+    /// [`Shared::warm_up`](crate::store::Shared::warm_up) or on first use.
     pub fn new(options: &RedisOptions) -> Result<Self, String> {
         Ok(Self {
             shared: Arc::new(Shared {
@@ -450,6 +450,40 @@ impl Store for RedisStore {
         Box::pin(self.apply_batch(batch))
     }
 
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.delete(ops))
+    }
+
+    /// Holds nothing: every count is in Redis already (connections close when dropped).
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        self.shared.key_of(op, self.shared.local_now())
+    }
+
+    fn status(&self) -> StoreStatus {
+        StoreStatus {
+            kind: match self.kind {
+                RedisKind::Single => "redis",
+                RedisKind::Cluster => "redis-cluster",
+                RedisKind::Sentinel => "redis-sentinel",
+            },
+            tracked_keys: None,
+            max_keys: None,
+            evicted_keys: 0,
+            bytes: None,
+            full: false,
+            healthy: true,
+            detail: None,
+            failure_mode_answers: Default::default(),
+            leases: None,
+        }
+    }
+}
+
+impl crate::store::Shared for RedisStore {
     fn lease<'a>(
         &'a self,
         asks: &'a [super::LeaseAsk],
@@ -470,19 +504,6 @@ impl Store for RedisStore {
         asks: &'a [crate::store::ClaimAsk],
     ) -> BoxFuture<'a, Result<Vec<crate::store::ClaimGrant>, StoreError>> {
         Box::pin(self.claim_asks(asks))
-    }
-
-    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.delete(ops))
-    }
-
-    /// Holds nothing: every count is in Redis already (connections close when dropped).
-    fn shut_down(&self) -> BoxFuture<'_, ()> {
-        Box::pin(std::future::ready(()))
-    }
-
-    fn store_key(&self, op: &CounterOp) -> String {
-        self.shared.key_of(op, self.shared.local_now())
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -515,24 +536,5 @@ impl Store for RedisStore {
             }
             tracing::info!("redis connections ready, script loaded");
         })
-    }
-
-    fn status(&self) -> StoreStatus {
-        StoreStatus {
-            kind: match self.kind {
-                RedisKind::Single => "redis",
-                RedisKind::Cluster => "redis-cluster",
-                RedisKind::Sentinel => "redis-sentinel",
-            },
-            tracked_keys: None,
-            max_keys: None,
-            evicted_keys: 0,
-            bytes: None,
-            full: false,
-            healthy: true,
-            detail: None,
-            failure_mode_answers: [0; 4],
-            leases: None,
-        }
     }
 }
