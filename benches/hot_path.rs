@@ -225,7 +225,7 @@ fn memory_store_algorithms(c: &mut Criterion) {
 /// The RLQS face: a report of 1,000 buckets an Envoy already reported (the steady state:
 /// Envoy lists every bucket in every report), and the once-a-second tick over them.
 fn rlqs(c: &mut Criterion) {
-    use sluice::rlqs::{BucketKey, Quotas, RlqsOptions, Usage};
+    use sluice::quota::{BucketKey, Quotas, RlqsOptions, Usage};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -243,7 +243,7 @@ fn rlqs(c: &mut Criterion) {
         LimiterOptions::default(),
     ));
     let options = RlqsOptions {
-        reports_per_second: f64::MAX,
+        reports_per_second: u64::MAX,
         ..RlqsOptions::default()
     };
     let quotas = Quotas::new(limiter, store, options);

@@ -29,14 +29,16 @@
 //! 4. The decision
 //!    - [`limiter`]: one request: match, evaluate every descriptor, combine, build statuses;
 //!      the per-rule metric series that observe it.
+//!    - [`quota`]: RLQS's decision: each Envoy's share of a rule's budget, divided by
+//!      demand across the fleet (buckets, the division, the budget step, the outbox).
 //!    - [`traces`]: OpenTelemetry spans of every decision, exported over OTLP.
 //! 5. Faces
 //!    - [`admin`]: HTTP endpoints `/json`, `/healthcheck`, `/ready`, `/rlconfig`,
 //!      `/metrics`, `/explain`, `/counters`, and the admin gRPC API.
-//!    - [`rlqs`]: Envoy's `RateLimitQuotaService` (the `rate_limit_quota` filter): each
-//!      Envoy's share of a rule's budget, divided by demand across the fleet.
-//!    - [`rls`]: the Envoy `RateLimitService` over gRPC; the only module that knows the
-//!      proto (besides [`admin`], which speaks its JSON form).
+//!    - [`rlqs`]: Envoy's `RateLimitQuotaService` (the `rate_limit_quota` filter): the
+//!      stream face of [`quota`], and with [`rls`] the faces that know the protos.
+//!    - [`rls`]: the Envoy `RateLimitService` over gRPC, proto ⇄ domain (besides
+//!      [`admin`], which speaks its JSON form).
 //!    - [`source`]: config sources side by side (the directory watcher, xDS) and the
 //!      all-or-nothing policy swap they go through.
 //! 6. The process
@@ -64,6 +66,7 @@ pub mod config;
 pub mod policy;
 
 pub mod limiter;
+pub mod quota;
 pub mod traces;
 
 pub mod admin;

@@ -29,7 +29,7 @@ use proto::step::Kind;
 pub struct AdminService {
     limiter: Arc<Limiter>,
     access: Arc<ResetAccess>,
-    quotas: Option<Arc<crate::rlqs::Quotas>>,
+    quotas: Option<Arc<crate::quota::Quotas>>,
 }
 
 impl AdminService {
@@ -43,7 +43,7 @@ impl AdminService {
     }
 
     /// Explains RLQS buckets from `quotas`.
-    pub fn with_quotas(mut self, quotas: Arc<crate::rlqs::Quotas>) -> Self {
+    pub fn with_quotas(mut self, quotas: Arc<crate::quota::Quotas>) -> Self {
         self.quotas = Some(quotas);
         self
     }
@@ -96,7 +96,7 @@ impl Admin for AdminService {
             .quotas
             .as_ref()
             .ok_or_else(|| Status::unimplemented("this server has no RLQS face"))?;
-        let key = crate::rlqs::BucketKey::new(&request.bucket)
+        let key = crate::quota::BucketKey::new(&request.bucket)
             .map_err(|reason| Status::invalid_argument(format!("bucket id: {}", reason.label())))?;
         let view = quotas.explain(&request.domain, &key);
         Ok(Response::new(bucket_to_proto(request.domain, &view)))
@@ -303,8 +303,11 @@ fn limit_to_proto(l: &ExplainedLimit) -> proto::Limit {
 }
 
 /// An RLQS bucket's explanation in the admin API's terms.
-pub fn bucket_to_proto(domain: String, view: &crate::rlqs::BucketView) -> proto::BucketExplanation {
-    use crate::rlqs::Quota;
+pub fn bucket_to_proto(
+    domain: String,
+    view: &crate::quota::BucketView,
+) -> proto::BucketExplanation {
+    use crate::quota::Quota;
     let (assignment, budget, shadow) = match &view.quota {
         Quota::AllowAll { .. } => ("allow_all", None, false),
         Quota::DenyAll { .. } => ("deny_all", None, false),

@@ -70,7 +70,7 @@ fn bucket(state: &AdminState, query: &str) -> Response {
     let Some(quotas) = &state.rlqs else {
         return bad_request("this server has no RLQS face".into());
     };
-    let key = match crate::rlqs::BucketKey::new(&pairs) {
+    let key = match crate::quota::BucketKey::new(&pairs) {
         Ok(key) => key,
         Err(reason) => return bad_request(format!("bucket id: {}", reason.label())),
     };
@@ -91,8 +91,11 @@ fn parse_bucket_query(query: &str) -> Result<(String, HashMap<String, String>), 
                     let (key, pair_value) = part
                         .split_once('=')
                         .ok_or_else(|| format!("bucket pair `{part}` is not KEY=VALUE"))?;
-                    if pairs.len() == crate::rlqs::MAX_PAIRS {
-                        return Err(format!("more than {} bucket pairs", crate::rlqs::MAX_PAIRS));
+                    if pairs.len() == crate::quota::MAX_PAIRS {
+                        return Err(format!(
+                            "more than {} bucket pairs",
+                            crate::quota::MAX_PAIRS
+                        ));
                     }
                     if pairs
                         .insert(key.to_owned(), pair_value.to_owned())

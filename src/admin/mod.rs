@@ -57,7 +57,7 @@ pub struct AdminState {
     /// Who may reset counters (`DELETE /counters`).
     pub reset: Arc<ResetAccess>,
     /// The RLQS face, for its `/rlconfig` lines.
-    pub rlqs: Option<Arc<crate::rlqs::Quotas>>,
+    pub rlqs: Option<Arc<crate::quota::Quotas>>,
 }
 
 /// The admin router.

@@ -20,7 +20,7 @@ use prometheus::Registry;
 use crate::limiter::{LimitEvent, Limiter, Observer, RuleSeries};
 use crate::metrics::Exposition;
 use crate::policy::Policy;
-use crate::rlqs::RlqsMetrics;
+use crate::quota::RlqsMetrics;
 use crate::rls::RlsMetrics;
 use crate::source::ConfigMetrics;
 use crate::store::{StoreMetrics, StoreStatus};
@@ -77,7 +77,7 @@ impl Metrics {
         self.rls.clone()
     }
 
-    /// The RLQS face's metrics, to hand to [`Quotas`](crate::rlqs::Quotas).
+    /// The RLQS face's metrics, to hand to [`Quotas`](crate::quota::Quotas).
     pub fn rlqs(&self) -> Arc<RlqsMetrics> {
         self.rlqs.clone()
     }

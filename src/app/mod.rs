@@ -24,7 +24,8 @@ use crate::net::grpc::MessagesLayer;
 use crate::net::http;
 use crate::net::tls::ReloadingTls;
 use crate::net::turns::{TurnMetrics, Turns};
-use crate::rlqs::{Quotas, RlqsService};
+use crate::quota::Quotas;
+use crate::rlqs::RlqsService;
 use crate::rls::{ClientFaultsLayer, RlsService};
 use crate::settings::Settings;
 use crate::source::{

@@ -34,7 +34,7 @@ pub(super) struct Running {
     /// The store: after the drain it hands back what it holds (leased units).
     pub(super) store: Arc<dyn crate::store::Store>,
     /// The RLQS streams, sent short TTLs and closed when the drain starts.
-    pub(super) quotas: Arc<crate::rlqs::Quotas>,
+    pub(super) quotas: Arc<crate::quota::Quotas>,
     /// The thread RLQS reports are read on, ended with the service.
     pub(super) _lane: crate::rlqs::Lane,
 }

@@ -1,58 +1,33 @@
-//! Envoy's Rate Limit Quota Service (`rate_limit_quota` filter): Envoy streams usage per
-//! bucket, Sluice answers each bucket with the share of its rule's budget that Envoy then
-//! enforces by itself. This module and [`crate::rls`] are the faces that know the protos.
+//! Envoy's Rate Limit Quota Service (`rate_limit_quota` filter), the stream face: Envoy
+//! streams usage per bucket, Sluice answers each bucket with the share of its rule's budget
+//! that Envoy then enforces by itself. The decision is [`crate::quota`]'s; this module and
+//! [`crate::rls`] are the faces that know the protos.
 //!
 //! Endpoints: `RateLimitQuotaService/StreamRateLimitQuotas`.
 //!
-//! - `bucket`: bucket ids → canonical keys → the rule and what it gives;
-//! - `share`: the division of a budget by demand (pure);
-//! - `budget`: what each Envoy holds of one budget, and the step that moves the shares
-//!   without passing the bound;
-//! - `quotas`: every stream and budget of the instance, the tick and claims;
-//!   `quotas/report.rs` a usage report, `quotas/lifecycle.rs` renewals, abandons, reloads and
-//!   the drain, `quotas/view.rs` the gauges, a bucket explained and the `/rlconfig` lines;
-//! - `outbox`: what waits to be sent on a stream;
+//! - `convert`: reports → [`Usage`](crate::quota::Usage)s, [`Action`](crate::quota::Action)s → Envoy's bucket actions;
 //! - `pace`: how many bucket usages a stream and the instance work through a second;
-//! - `lane`: the thread reports are read and worked through on.
+//! - `lane`: the thread reports are read and worked through on;
+//! - `server`: the hand-written gRPC server that sends answers already encoded.
 
-mod bucket;
-mod budget;
+mod convert;
 mod lane;
-mod metrics;
-mod outbox;
 mod pace;
-mod quotas;
 mod server;
-mod share;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
-use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
-    AbandonAction, BucketAction as Kind, QuotaAssignmentAction,
-};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
 use prost::Message as _;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::quota::{Outbox, PeerId, Quotas};
 use crate::traces::{Method, Tracing};
 
-pub use bucket::{BucketKey, MAX_ID_BYTES, MAX_PAIRS, Quota};
+pub use convert::encode;
 pub use lane::Lane;
-pub use metrics::RlqsMetrics;
-use outbox::Outbox;
-pub use outbox::{Action, Assigned};
-pub use quotas::{
-    BucketView, BudgetView, DRAIN_TTL, Quotas, REPORTS_PER_SECOND, ReportSummary, RlqsOptions,
-    Usage,
-};
-pub use share::{Budget, Share, divide};
 
 /// Largest report message taken, in bytes: gRPC's usual 4 MiB, which holds the 10,000 buckets
 /// a stream may have at up to 400 bytes each (Envoy's ids of a few pairs take 50 or so).
@@ -193,22 +168,7 @@ impl Reader {
         tokio::time::sleep(self.stream_pace.spend(units)).await;
         let wait = self.instance_pace.lock().spend(units);
         tokio::time::sleep(wait).await;
-        let usages = reports
-            .bucket_quota_usages
-            .into_iter()
-            .take(self.cap)
-            .map(|u| Usage {
-                bucket: u
-                    .bucket_id
-                    .as_ref()
-                    .map_or(Err(bucket::Rejected::Empty), |b| BucketKey::new(&b.bucket)),
-                allowed: u.num_requests_allowed,
-                denied: u.num_requests_denied,
-                first_sight: u
-                    .time_elapsed
-                    .is_none_or(|t| t.seconds <= 0 && t.nanos <= 0),
-            })
-            .collect();
+        let usages = convert::usages(reports.bucket_quota_usages, self.cap);
         let span = self
             .tracing
             .as_ref()
@@ -283,7 +243,7 @@ fn refuse(quotas: &Quotas, status: &Status, ending: &parking_lot::Mutex<Option<S
 /// or connection, which a client multiplies at will; 0 for a unix socket. Not the client
 /// certificate under mutual TLS either: Envoys commonly share one, and would then share one
 /// part of every budget.
-fn peer_of<T>(request: &Request<T>) -> budget::PeerId {
+fn peer_of<T>(request: &Request<T>) -> PeerId {
     let info = request.extensions().get::<crate::net::grpc::PeerInfo>();
     let Some(addr) = info.and_then(|i| i.remote_addr) else {
         return 0;
@@ -301,48 +261,5 @@ struct Closing(Arc<Quotas>, u64);
 impl Drop for Closing {
     fn drop(&mut self) {
         self.0.close(self.1);
-    }
-}
-
-/// One bucket's action as Envoy reads it.
-pub fn encode(bucket: &BucketKey, action: Action) -> BucketAction {
-    let kind = match action {
-        Action::Abandon => Kind::AbandonAction(AbandonAction {}),
-        Action::Assign(assigned, ttl) => Kind::QuotaAssignmentAction(QuotaAssignmentAction {
-            assignment_time_to_live: Some(seconds(Duration::from_secs(ttl.max(1)))),
-            rate_limit_strategy: Some(RateLimitStrategy {
-                strategy: Some(strategy(assigned)),
-            }),
-        }),
-    };
-    BucketAction {
-        bucket_id: Some(BucketId {
-            bucket: bucket.to_map(),
-        }),
-        bucket_action: Some(kind),
-    }
-}
-
-fn strategy(assigned: Assigned) -> Strategy {
-    match assigned {
-        Assigned::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
-        Assigned::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
-        Assigned::Bucket(share, window) => {
-            let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
-            Strategy::TokenBucket(TokenBucket {
-                max_tokens: clamp(share.burst),
-                tokens_per_fill: Some(UInt32Value {
-                    value: clamp(share.rate),
-                }),
-                fill_interval: Some(seconds(Duration::from_secs(window.max(1)))),
-            })
-        }
-    }
-}
-
-fn seconds(d: Duration) -> ProtoDuration {
-    ProtoDuration {
-        seconds: d.as_secs() as i64,
-        nanos: 0,
     }
 }

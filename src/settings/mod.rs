@@ -80,7 +80,7 @@ pub struct Settings {
     /// Leased quota: the block lifetime and this instance's name.
     pub lease: crate::store::lease::LeaseOptions,
     /// Envoy's `rate_limit_quota` filter: TTLs, abandons, caps.
-    pub rlqs: crate::rlqs::RlqsOptions,
+    pub rlqs: crate::quota::RlqsOptions,
     /// Response headers and body.
     pub response: ResponseOptions,
     /// Global shadow and quota mode.

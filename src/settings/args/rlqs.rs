@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::super::parse::{parse_count, parse_duration};
-use crate::rlqs::RlqsOptions;
+use crate::quota::RlqsOptions;
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Envoy's rate_limit_quota filter (RLQS)")]

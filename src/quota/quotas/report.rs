@@ -2,13 +2,27 @@
 //! its usage counted in its budget, and the new buckets answered.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry as Slot;
 
 use super::{
     Entry, Quotas, ReportSummary, State, StreamState, Tracked, Usage, blanket, bucket_key,
 };
-use crate::rlqs::bucket::Quota;
-use crate::rlqs::budget::{PeerId, StreamId};
-use crate::rlqs::outbox::{Action, Assigned};
+use crate::algorithm::token_bucket;
+use crate::quota::bucket::BucketKey;
+use crate::quota::bucket::Quota;
+use crate::quota::budget::{PeerId, StreamId};
+use crate::quota::outbox::Outbox;
+use crate::quota::outbox::{Action, Assigned};
+
+/// A bucket of a report, on its stream.
+enum Tracking<'s> {
+    /// Tracked already.
+    Known(&'s mut Tracked),
+    /// Tracked from this report on.
+    New(&'s mut Tracked),
+    /// Past a cap: answered DENY_ALL, untracked.
+    OverCap,
+}
 
 impl Quotas {
     /// A usage report from `stream`: new buckets are answered at once.
@@ -52,7 +66,7 @@ impl Quotas {
         let Some(s) = streams.get_mut(&stream) else {
             return (Vec::new(), summary);
         };
-        if !self.admit_report(s, now) {
+        if !self.admit_report(s) {
             summary.dropped = true;
             return (Vec::new(), summary);
         }
@@ -68,29 +82,24 @@ impl Quotas {
                 }
             };
             let id = bucket_key(domain, key);
-            if !s.buckets.contains_key(&id) {
-                if let Some(reason) = self.over_cap(s.buckets.len(), *buckets) {
-                    self.rejected(reason);
-                    s.outbox
-                        .push(key.clone(), Action::Assign(Assigned::DenyAll, ttl));
-                    self.count_assignment(Assigned::DenyAll);
+            let tracked = match self.track(
+                (&mut s.buckets, &s.outbox),
+                buckets,
+                (policy, domain),
+                key,
+                &id,
+                now,
+            ) {
+                Tracking::Known(tracked) => tracked,
+                Tracking::New(tracked) => {
+                    fresh.push(id.clone());
+                    tracked
+                }
+                Tracking::OverCap => {
                     summary.actions += 1;
                     continue;
                 }
-                let quota = Quota::of(policy, domain, key, self.limiter.options().shadow_mode);
-                let tracked = Tracked {
-                    domain: domain.to_owned(),
-                    bucket: key.clone(),
-                    quota,
-                    assigned: None,
-                    ttl_until: now,
-                    active_at: now,
-                };
-                s.buckets.insert(id.clone(), tracked);
-                *buckets += 1;
-                fresh.push(id.clone());
-            }
-            let tracked = s.buckets.get_mut(&id).expect("inserted");
+            };
             if usage.allowed > 0 || usage.denied > 0 {
                 tracked.active_at = now;
             }
@@ -112,6 +121,42 @@ impl Quotas {
         (unclaimed, summary)
     }
 
+    /// The bucket `key` (by its `id`) on stream `s`: tracked already, tracked from now on, or
+    /// answered DENY_ALL untracked past a cap (`total` buckets on all streams).
+    fn track<'s>(
+        &self,
+        (tracked, outbox): (&'s mut HashMap<String, Tracked>, &Outbox),
+        total: &mut usize,
+        (policy, domain): (&crate::policy::Policy, &str),
+        key: &BucketKey,
+        id: &str,
+        now: f64,
+    ) -> Tracking<'s> {
+        let on_stream = tracked.len();
+        match tracked.entry(id.to_owned()) {
+            Slot::Occupied(known) => Tracking::Known(known.into_mut()),
+            Slot::Vacant(new) => {
+                if let Some(reason) = self.over_cap(on_stream, *total) {
+                    self.rejected(reason);
+                    let ttl = self.ttl();
+                    outbox.push(key.clone(), Action::Assign(Assigned::DenyAll, ttl));
+                    self.count_assignment(Assigned::DenyAll);
+                    return Tracking::OverCap;
+                }
+                *total += 1;
+                let shadow = self.rules.shadow_mode();
+                Tracking::New(new.insert(Tracked {
+                    domain: domain.to_owned(),
+                    bucket: key.clone(),
+                    quota: Quota::of(policy, domain, key, shadow),
+                    assigned: None,
+                    ttl_until: now,
+                    active_at: now,
+                }))
+            }
+        }
+    }
+
     /// Answers the new buckets `fresh` of `s` that need no division (a blanket rule);
     /// answers how many.
     fn answer_new(&self, s: &mut StreamState, fresh: &[String], ttl: u64, now: f64) -> usize {
@@ -128,12 +173,14 @@ impl Quotas {
 
     /// The stream's report rate limit: whether this report at `now` counts (a dropped one is
     /// counted in the metrics).
-    fn admit_report(&self, s: &mut StreamState, now: f64) -> bool {
-        let (tokens, at) = s.reports;
-        let per_second = self.options.reports_per_second;
-        let tokens = (tokens + (now - at) * per_second).min(per_second);
-        let admitted = tokens >= 1.0;
-        s.reports = (if admitted { tokens - 1.0 } else { tokens }, now);
+    fn admit_report(&self, s: &mut StreamState) -> bool {
+        let limit = self.report_limit();
+        let now = self.clock.now();
+        let (decision, bucket) = token_bucket::decide(s.reports.as_ref(), &limit, now, 1);
+        let admitted = decision.allowed;
+        if admitted {
+            s.reports = Some(bucket);
+        }
         if let Some(m) = &self.metrics {
             if admitted {
                 m.reports.inc();

@@ -2,9 +2,9 @@
 //! --bucket`, `GET /counters?bucket=`) and the `/rlconfig` lines.
 
 use super::{Quotas, State, bucket_key};
-use crate::rlqs::bucket::{BucketKey, Quota};
-use crate::rlqs::budget::StreamId;
-use crate::rlqs::share::Share;
+use crate::quota::bucket::{BucketKey, Quota};
+use crate::quota::budget::StreamId;
+use crate::quota::share::Share;
 
 impl Quotas {
     pub(super) fn observe(&self, state: &State) {
@@ -29,7 +29,7 @@ impl Quotas {
     /// What the bucket `key` of `domain` gets: its rule and order, and what this instance
     /// knows of its budget.
     pub fn explain(&self, domain: &str, key: &BucketKey) -> BucketView {
-        let policy = self.limiter.policy();
+        let policy = self.rules.policy();
         let pairs: Vec<(&str, &str)> = key
             .pairs()
             .iter()
@@ -45,7 +45,7 @@ impl Quotas {
                     .collect()
             })
             .unwrap_or_default();
-        let quota = Quota::of(&policy, domain, key, self.limiter.options().shadow_mode);
+        let quota = Quota::of(&policy, domain, key, self.rules.shadow_mode());
         let state = self.state.lock();
         let budget = state
             .budgets

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{DRAIN_TTL, Entry, Quotas, State, StreamState, Tracked, blanket, encodable, leave};
-use crate::rlqs::bucket::Quota;
-use crate::rlqs::budget::{REPORT_INTERVAL, SETTLE, StreamId};
-use crate::rlqs::outbox::{Action, Assigned};
+use crate::quota::bucket::Quota;
+use crate::quota::budget::{REPORT_INTERVAL, SETTLE, StreamId};
+use crate::quota::outbox::{Action, Assigned};
 use crate::store::ClaimAsk;
 
 impl Quotas {
@@ -52,12 +52,12 @@ impl Quotas {
 
     /// A reload: every bucket's quota again; changed ones are re-sent.
     pub(super) fn follow_policy(&self, state: &mut State, now: f64) {
-        let policy = self.limiter.policy();
+        let policy = self.rules.policy();
         if Arc::ptr_eq(&policy, &state.policy) {
             return;
         }
         state.policy = policy.clone();
-        let shadow = self.limiter.options().shadow_mode;
+        let shadow = self.rules.shadow_mode();
         let ttl = self.ttl();
         let State {
             streams, budgets, ..

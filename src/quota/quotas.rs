@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::algorithm::{Algorithm, Limit, Micros, SECOND, token_bucket};
+use crate::clock::{Clock, MonotonicClock};
 use crate::limiter::Limiter;
-use crate::policy::Policy;
+use crate::policy::{MAX_LIMIT, Policy};
 use crate::store::{ClaimAsk, ClaimGrant, Shared};
 
 use super::bucket::{BucketKey, Quota, Rejected};
@@ -41,7 +43,7 @@ pub struct RlqsOptions {
     /// This process among the instances sharing a store (claims are per process).
     pub instance: String,
     /// Reports a stream may send per second (and at once); more are dropped and counted.
-    pub reports_per_second: f64,
+    pub reports_per_second: u64,
 }
 
 impl Default for RlqsOptions {
@@ -59,7 +61,26 @@ impl Default for RlqsOptions {
 }
 
 /// Reports a stream may send per second (and at once) by default.
-pub const REPORTS_PER_SECOND: f64 = 100.0;
+pub const REPORTS_PER_SECOND: u64 = 100;
+
+/// What RLQS reads of the rules in force: the policy (swapped whole on reload) and the
+/// process-wide shadow mode. The limiter is one.
+pub trait Rules: Send + Sync {
+    /// The policy in force.
+    fn policy(&self) -> Arc<Policy>;
+    /// Whether every rule is in shadow mode (`SHADOW_MODE`).
+    fn shadow_mode(&self) -> bool;
+}
+
+impl Rules for Limiter {
+    fn policy(&self) -> Arc<Policy> {
+        Limiter::policy(self)
+    }
+
+    fn shadow_mode(&self) -> bool {
+        self.options().shadow_mode
+    }
+}
 
 /// How often each budget's claim is renewed, which is also how soon an instance learns of
 /// the others' demand (one store call per budget each time).
@@ -70,12 +91,14 @@ pub const DRAIN_TTL: Duration = Duration::from_secs(2);
 
 /// The RLQS state of this instance.
 pub struct Quotas {
-    limiter: Arc<Limiter>,
+    rules: Arc<dyn Rules>,
     /// Where the claims on shared budgets are recorded.
     store: Arc<dyn Shared>,
     options: RlqsOptions,
     metrics: Option<Arc<RlqsMetrics>>,
-    origin: Instant,
+    /// The clock every time of the RLQS state is read from, and its reading at the start.
+    clock: Arc<dyn Clock>,
+    origin: Micros,
     ids: AtomicU64,
     state: Mutex<State>,
 }
@@ -119,8 +142,8 @@ struct StreamState {
     peer: PeerId,
     /// By [`bucket_key`] (the budget's key too, when divided).
     buckets: HashMap<String, Tracked>,
-    /// The report rate limit: tokens and when they were counted.
-    reports: (f64, f64),
+    /// The report rate limit's token bucket (none before the first report).
+    reports: Option<token_bucket::Bucket>,
 }
 
 /// A bucket on a stream.
@@ -136,15 +159,18 @@ struct Tracked {
 }
 
 impl Quotas {
-    /// The RLQS state over the limiter's policy, claiming budgets in `store`.
-    pub fn new(limiter: Arc<Limiter>, store: Arc<dyn Shared>, options: RlqsOptions) -> Self {
-        let policy = limiter.policy();
+    /// The RLQS state over `rules` (the limiter's), claiming budgets in `store`, on a
+    /// monotonic clock.
+    pub fn new(rules: Arc<dyn Rules>, store: Arc<dyn Shared>, options: RlqsOptions) -> Self {
+        let policy = rules.policy();
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         Self {
-            limiter,
+            rules,
             store,
             options,
             metrics: None,
-            origin: Instant::now(),
+            origin: clock.now(),
+            clock,
             ids: AtomicU64::new(1),
             state: Mutex::new(State {
                 policy,
@@ -154,6 +180,13 @@ impl Quotas {
                 draining: false,
             }),
         }
+    }
+
+    /// Reads the time from `clock` (tests move a manual one).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.origin = clock.now();
+        self.clock = clock;
+        self
     }
 
     /// Counts what happens in `metrics`.
@@ -175,9 +208,16 @@ impl Quotas {
         &self.options
     }
 
-    /// Seconds on this instance's monotonic clock, which every time in the RLQS state is on.
+    /// Seconds on this instance's clock since the start, which every time in the RLQS
+    /// state is on.
     pub fn now(&self) -> f64 {
-        self.origin.elapsed().as_secs_f64()
+        self.clock.now().saturating_sub(self.origin) as f64 / SECOND as f64
+    }
+
+    /// The report rate limit of a stream, as a token bucket of the algorithm's.
+    fn report_limit(&self) -> Limit {
+        let rate = self.options.reports_per_second.clamp(1, MAX_LIMIT);
+        Limit::new(rate, SECOND, Algorithm::TokenBucket)
     }
 
     fn ttl(&self) -> u64 {
@@ -204,7 +244,7 @@ impl Quotas {
                 outbox: outbox.clone(),
                 peer,
                 buckets: HashMap::new(),
-                reports: (self.options.reports_per_second, self.now()),
+                reports: None,
             },
         );
         if let Some(m) = &self.metrics {
@@ -483,4 +523,52 @@ fn encodable(before: Option<Assigned>, share: Share, window: u64) -> Assigned {
         }
     }
     Assigned::Bucket(share, window)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    const RULES: &str = "domain: rq\ndescriptors:\n  - key: name\n    rate_limit: {unit: second, requests_per_unit: 10}\n";
+
+    fn usage(allowed: u64) -> Vec<Usage> {
+        vec![Usage {
+            bucket: BucketKey::new(&[("name".to_owned(), "a".to_owned())].into()),
+            allowed,
+            denied: 0,
+            first_sight: true,
+        }]
+    }
+
+    /// The report gate is the algorithm's token bucket on the injected clock: a stream's
+    /// reports past its rate are dropped until the clock moves on.
+    #[tokio::test]
+    async fn reports_past_the_rate_are_dropped_until_the_clock_moves() {
+        let clock = Arc::new(ManualClock::new(1_700_000_000 * SECOND));
+        let limiter = Arc::new(Limiter::for_tests(RULES, Default::default(), clock.clone()));
+        let store = Arc::new(crate::store::MemoryStore::new(
+            Default::default(),
+            clock.clone(),
+        ));
+        let options = RlqsOptions {
+            reports_per_second: 2,
+            ..RlqsOptions::default()
+        };
+        let quotas = Quotas::new(limiter, store, options).with_clock(clock.clone());
+        let (stream, _outbox) = quotas.open(1).unwrap();
+        let mut dropped = Vec::new();
+        for _ in 0..3 {
+            dropped.push(quotas.report(stream, "rq", usage(1)).await.dropped);
+        }
+        assert_eq!(
+            dropped,
+            [false, false, true],
+            "two a second, as many at once"
+        );
+        clock.advance(SECOND / 2);
+        assert!(!quotas.report(stream, "rq", usage(1)).await.dropped);
+        assert!(quotas.report(stream, "rq", usage(1)).await.dropped);
+        assert_eq!(quotas.now(), 0.5, "RLQS time is the injected clock's");
+    }
 }
