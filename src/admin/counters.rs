@@ -1,3 +1,5 @@
+// Why one long file: `/explain` and `/counters` share the parsing of a request's descriptors and
+// buckets from a query or a body, and their error answers.
 //! The admin API on the HTTP port, as JSON: `POST /explain` (a `RateLimitRequest` in the
 //! proto3 JSON `/json` takes), `GET /counters` and `DELETE /counters`
 //! (`?domain=D&entry=KEY=VALUE&entry=...`, or `?domain=D&descriptor=K=V,K2=V2` as the CLI

@@ -1,5 +1,5 @@
 // Why one long file: the bootstrap read top to bottom in the order it runs; the listeners, the
-// metrics, the store stack and the running service are in app/.
+// metrics, the store stack, the ticking tasks and the running service are in app/.
 //! Bootstrap, the only place that builds: settings → config → registry and metrics → store
 //! stack → limiter → faces (gRPC, admin, config source) → tasks, and the ordered shutdown.
 //!
@@ -36,11 +36,13 @@ mod listeners;
 mod metrics;
 mod running;
 mod store;
+mod tasks;
 
 pub use listeners::{GrpcListener, Listeners};
 pub use metrics::{Metrics, Scrape};
 use running::{Running, follow_requirements, report_health};
 use store::{Time, build_store};
+use tasks::{spawn_quota_ticks, spawn_turn_watch};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -570,36 +572,3 @@ impl Prepared {
 
 /// A server running until it is told to stop.
 type ServerFuture = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
-
-/// The RLQS tick, once a second until `drain`: shares, TTLs, claims, abandons; on the RLQS
-/// thread (a tick over 100,000 buckets takes some 20 ms).
-fn spawn_quota_ticks(quotas: Arc<Quotas>, lane: &crate::rlqs::Lane, drain: &CancellationToken) {
-    let stop = drain.clone();
-    lane.handle().spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => quotas.tick().await,
-            }
-        }
-    });
-}
-
-/// Tells readiness, once a second until `drain`, whether requests have waited for turns
-/// without a break for [`SATURATED_AFTER`].
-fn spawn_turn_watch(turns: Arc<Turns>, health: Arc<Health>, drain: &CancellationToken) {
-    let stop = drain.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            let busy = turns.saturated_for().filter(|t| *t >= SATURATED_AFTER);
-            health.set_busy(busy.map(|t| t.as_secs()));
-        }
-    });
-}

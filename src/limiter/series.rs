@@ -1,3 +1,5 @@
+// Why one long file: one observer whose series (hits, limits, bursts, detailed values) share
+// their labels, their cap and the policy swap that resets them.
 //! Per-rule metrics, the limiter's observer: hits by rule as the reference service counts
 //! them (`ratelimit_service_rate_limit_*`), requests for unknown domains, and the global
 //! shadow mode's saves. Series of rules with `detailed_metric`/`value_to_metric`, and of

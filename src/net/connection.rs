@@ -1,3 +1,5 @@
+// Why one long file: the accept loop, the eviction table and the guarded socket are one bound
+// whose parts hand connections to each other.
 //! Bounds on the connections a listener accepts, shared by the gRPC and admin servers (one
 //! file: the acceptor and the connections it hands out share the table of those that may be
 //! closed to make room):

@@ -1,3 +1,4 @@
+// Why one long file: the three rules of the bound act on the same holdings in one step.
 //! One budget on this instance: what each Envoy holds of it, and the step that moves the
 //! shares toward demand without ever handing out more than the budget. Time is seconds on
 //! the instance's monotonic clock, passed in.

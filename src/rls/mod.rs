@@ -13,6 +13,7 @@ mod unwind;
 
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -107,7 +108,7 @@ impl RlsService {
         };
         if let Some(metrics) = &self.metrics {
             let code = match &result {
-                Ok(r) if r.overall_code == 2 => "OVER_LIMIT",
+                Ok(r) if r.overall_code == Code::OverLimit as i32 => "OVER_LIMIT",
                 Ok(_) => "OK",
                 Err(status) => {
                     // The reference's two kinds: its store's errors (counted where the store
@@ -248,7 +249,7 @@ fn end_span(span: RequestSpan, result: &Result<RateLimitResponse, Status>) {
     match result {
         Ok(r) => {
             span.grpc_status(0);
-            let code = if r.overall_code == 2 {
+            let code = if r.overall_code == Code::OverLimit as i32 {
                 "OVER_LIMIT"
             } else {
                 "OK"

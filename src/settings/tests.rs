@@ -1,3 +1,5 @@
+// Why one long file: every setting's parsing and its errors, one test each, sharing the
+// environment and flag builders.
 use super::*;
 use crate::store::redis::RedisKind;
 use clap::Parser;

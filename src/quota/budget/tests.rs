@@ -1,3 +1,5 @@
+// Why one long file: the budget's rules, each against the same model of Envoy's token buckets
+// and its simulation.
 //! The budget against a model of Envoy 1.40's token buckets: whatever the demand does, the
 //! fleet never admits more than burst + rate × t in any interval t.
 

@@ -19,15 +19,7 @@ pub(super) static LEASES: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_
 
 /// Records an instance in a sorted set scored by Redis's time (ms), drops those older than
 /// `ARGV[2]` ms, and answers how many are left.
-const INSTANCES_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local within = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - within)
-redis.call('PEXPIRE', KEYS[1], within * 2)
-return redis.call('ZCARD', KEYS[1])
-";
+const INSTANCES_SCRIPT: &str = include_str!("lua/instances.lua");
 
 pub(super) static INSTANCES: LazyLock<Script> = LazyLock::new(|| Script::new(INSTANCES_SCRIPT));
 
