@@ -64,6 +64,19 @@ pub(crate) fn gauge_vec(
     )
 }
 
+/// Registers a new gauge vector of floating-point values into `registry`.
+pub(crate) fn float_gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::GaugeVec {
+    register(
+        registry,
+        prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
 /// Registers a new gauge into `registry`.
 pub(crate) fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     register(registry, IntGauge::new(name, help).expect("valid metric"))
@@ -90,10 +103,52 @@ pub(crate) fn histogram_vec(
     )
 }
 
-/// Registers `metric` (its names are fixed in the code, so a clash is a bug) and returns it.
+/// Registers `metric` (its names are fixed in the code, so a clash is a bug), records it in
+/// the [`catalog`], and returns it.
 fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
     registry
         .register(Box::new(metric.clone()))
         .expect("unique metric");
+    let mut catalog = CATALOG.lock();
+    for family in metric.collect() {
+        let labels = metric
+            .desc()
+            .first()
+            .map(|d| d.variable_labels.clone())
+            .unwrap_or_default();
+        catalog
+            .entry(family.name().to_owned())
+            .or_insert_with(|| Family {
+                kind: match family.get_field_type() {
+                    prometheus::proto::MetricType::COUNTER => "counter",
+                    prometheus::proto::MetricType::GAUGE => "gauge",
+                    prometheus::proto::MetricType::HISTOGRAM => "histogram",
+                    _ => "other",
+                },
+                help: family.help().to_owned(),
+                labels,
+            });
+    }
     metric
+}
+
+/// A metric family as registered: its type, help and labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Family {
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// Its help text.
+    pub help: String,
+    /// Its label names, in order.
+    pub labels: Vec<String>,
+}
+
+/// Every family this process has registered so far, by name.
+static CATALOG: parking_lot::Mutex<std::collections::BTreeMap<String, Family>> =
+    parking_lot::Mutex::new(std::collections::BTreeMap::new());
+
+/// The metric families this process has registered so far, by name (the metrics reference
+/// in docs/reference/metrics.md is rendered from it).
+pub fn catalog() -> std::collections::BTreeMap<String, Family> {
+    CATALOG.lock().clone()
 }

@@ -1,5 +1,17 @@
 //! The limiter's own request and response types: what Envoy asks and what Sluice answers,
 //! without the proto (which only `rls` and `admin` know).
+//!
+//! The `*Limit` types, from the config to the answer:
+//! - [`RateLimit`](crate::policy::RateLimit): one limit as configured (`requests_per_unit`
+//!   per `unit`, its algorithm, burst, name); a rule's [`RuleLimit`](crate::policy::RuleLimit)
+//!   is `unlimited` or one or several of them.
+//! - [`Limit`](crate::algorithm::Limit): the numbers an algorithm decides with (requests per
+//!   window in microseconds, burst, overdraft), made from a `RateLimit` for each counter.
+//! - [`LimitOverride`]: Envoy's per-descriptor `limit` override, which stands for a rule.
+//! - [`AppliedLimit`]: a limit a request was counted against, as the response headers tell it.
+//! - [`ReportedLimit`]: the limit in a descriptor's status (`current_limit`).
+//! - [`ExplainedLimit`](crate::limiter::ExplainedLimit): a limit `/explain` shows, with its
+//!   counter.
 
 use std::collections::BTreeMap;
 

@@ -1,9 +1,9 @@
 //! The RLQS face's metrics: streams, buckets, reports, assignments by strategy, abandons,
 //! refused buckets, and per rule the demand reported against the rate handed out.
 
-use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, Registry};
 
-use crate::metrics::{counter, counter_vec, gauge};
+use crate::metrics::{counter, counter_vec, float_gauge_vec, gauge};
 
 /// Every series of the RLQS face.
 pub struct RlqsMetrics {
@@ -24,14 +24,8 @@ pub struct RlqsMetrics {
 impl RlqsMetrics {
     /// Registers the series into `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let per_rule = |name: &str, help: &str| {
-            let vec =
-                GaugeVec::new(Opts::new(name, help), &["domain", "rule"]).expect("valid metric");
-            registry
-                .register(Box::new(vec.clone()))
-                .expect("unique metric");
-            vec
-        };
+        let per_rule =
+            |name: &str, help: &str| float_gauge_vec(registry, name, help, &["domain", "rule"]);
         let assignments = counter_vec(
             registry,
             "sluice_rlqs_assignments_total",

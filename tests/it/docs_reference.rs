@@ -217,7 +217,7 @@ fn cli_page() -> String {
     out
 }
 
-fn check(relative: &str, rendered: &str) {
+pub(crate) fn check(relative: &str, rendered: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative);
     if std::env::var_os("UPDATE_DOCS").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

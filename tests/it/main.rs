@@ -15,6 +15,7 @@ mod cli;
 mod config_hostile;
 mod config_validation;
 mod connections;
+mod docs_metrics;
 mod docs_reference;
 mod envoy;
 mod envoy_budgets;
