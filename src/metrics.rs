@@ -51,29 +51,18 @@ pub(crate) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter
     register(registry, IntCounter::new(name, help).expect("valid metric"))
 }
 
-/// Registers a new gauge vector into `registry`.
-pub(crate) fn gauge_vec(
+/// Registers a new gauge vector into `registry`, of integers (`IntGaugeVec`) or of
+/// floating-point values (`GaugeVec`).
+pub(crate) fn gauge_vec<P: prometheus::core::Atomic + 'static>(
     registry: &Registry,
     name: &str,
     help: &str,
     labels: &[&str],
-) -> prometheus::IntGaugeVec {
+) -> prometheus::core::GenericGaugeVec<P> {
     register(
         registry,
-        prometheus::IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
-    )
-}
-
-/// Registers a new gauge vector of floating-point values into `registry`.
-pub(crate) fn float_gauge_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::GaugeVec {
-    register(
-        registry,
-        prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+        prometheus::core::GenericGaugeVec::new(Opts::new(name, help), labels)
+            .expect("valid metric"),
     )
 }
 

@@ -3,7 +3,7 @@
 
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, Registry};
 
-use crate::metrics::{counter, counter_vec, float_gauge_vec, gauge};
+use crate::metrics::{counter, counter_vec, gauge, gauge_vec};
 
 /// Every series of the RLQS face.
 pub struct RlqsMetrics {
@@ -24,8 +24,9 @@ pub struct RlqsMetrics {
 impl RlqsMetrics {
     /// Registers the series into `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let per_rule =
-            |name: &str, help: &str| float_gauge_vec(registry, name, help, &["domain", "rule"]);
+        let per_rule = |name: &str, help: &str| -> GaugeVec {
+            gauge_vec(registry, name, help, &["domain", "rule"])
+        };
         let assignments = counter_vec(
             registry,
             "sluice_rlqs_assignments_total",

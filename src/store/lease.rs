@@ -46,8 +46,8 @@ pub use sweep::{BlockView, LeaseStatus};
 
 use super::digest::{Digest, DigestMap, Digester, Sharded};
 use super::{
-    Admission, Applied, Batch, BoxFuture, Calls, Consistency, CounterOp, Role, Store, StoreError,
-    StoreStatus,
+    Admission, Applied, Batch, BoxFuture, Calls, Consistency, CounterOp, Role, Shared, Store,
+    StoreError, StoreStatus,
 };
 use crate::algorithm::{Decision, Micros};
 use crate::clock::Clock;
@@ -68,11 +68,11 @@ const MAX_RETRIED_GIVE_BACKS: usize = 100_000;
 
 /// The leasing layer in front of a shared store.
 pub struct Leased {
-    shared: Arc<Shared>,
+    shared: Arc<Core>,
 }
 
-struct Shared {
-    inner: Arc<dyn super::Shared>,
+struct Core {
+    inner: Arc<dyn Shared>,
     shards: Sharded<DigestMap<Block>>,
     digester: Digester,
     clock: Arc<dyn Clock>,
@@ -119,14 +119,10 @@ struct Local {
 
 impl Leased {
     /// Leases from `inner`; `clock` times the blocks (local time: only durations matter).
-    pub fn new(
-        inner: Arc<dyn super::Shared>,
-        options: LeaseOptions,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
+    pub fn new(inner: Arc<dyn Shared>, options: LeaseOptions, clock: Arc<dyn Clock>) -> Self {
         let period = options.period.as_micros().clamp(1_000, u64::MAX as u128) as Micros;
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Core {
                 inner,
                 shards: Sharded::new(SHARDS, |_| DigestMap::default()),
                 digester: Digester::new(),
@@ -360,7 +356,7 @@ impl Local {
     }
 }
 
-impl Shared {
+impl Core {
     /// A block per counter and limit: the classes of a `priorities` rule share one counter
     /// with different limits, and each leases against its own.
     fn block_digest(&self, op: &CounterOp) -> Digest {

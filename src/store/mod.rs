@@ -154,6 +154,25 @@ pub struct StoreStatus {
     pub leases: Option<lease::LeaseStatus>,
 }
 
+/// The answers of calls that each took some of `n` asks (their indices), back in the asks'
+/// order: the first failed call's error, or an error naming `what` when an ask got no answer.
+pub(crate) fn in_ask_order<'a, T>(
+    n: usize,
+    calls: impl IntoIterator<Item = (&'a [usize], Result<Vec<T>, StoreError>)>,
+    what: &str,
+) -> Result<Vec<T>, StoreError> {
+    let mut answers: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    for (indices, reply) in calls {
+        for (&i, answer) in indices.iter().zip(reply?) {
+            answers[i] = Some(answer);
+        }
+    }
+    answers
+        .into_iter()
+        .collect::<Option<Vec<T>>>()
+        .ok_or_else(|| StoreError::Internal(format!("{what} got no answer")))
+}
+
 /// A store call that failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {

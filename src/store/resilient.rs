@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use super::{
     Applied, Batch, BoxFuture, CounterOp, FailureMode, FailureModeAnswers, Grant, LateAnswers,
-    LeaseAsk, MemoryStore, Store, StoreError, StoreStatus, Take, admitted,
+    LeaseAsk, MemoryStore, Shared, Store, StoreError, StoreStatus, Take, admitted,
 };
 use crate::algorithm::{Decision, Limit, Micros, SECOND};
 use crate::clock::Clock;
@@ -74,7 +74,7 @@ const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A store wrapped in the failure policy.
 pub struct Resilient {
-    shared: Arc<Shared>,
+    shared: Arc<Core>,
     options: ResilienceOptions,
     local: MemoryStore,
     /// Counters answered by the failure policy.
@@ -130,8 +130,8 @@ async fn within<T>(
 }
 
 /// What background calls and the prober share with the requests.
-struct Shared {
-    primary: Arc<dyn super::Shared>,
+struct Core {
+    primary: Arc<dyn Shared>,
     breaker: Breaker,
     clock: Arc<dyn Clock>,
     late: OnceLock<Arc<dyn LateAnswers>>,
@@ -145,12 +145,12 @@ impl Resilient {
     /// Wraps `primary`; `clock` drives the windows of `allow`/`deny` answers and the local
     /// fallback store.
     pub fn new(
-        primary: Arc<dyn super::Shared>,
+        primary: Arc<dyn Shared>,
         options: ResilienceOptions,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Core {
                 primary,
                 breaker: Breaker::new(options.breaker_failures, options.breaker_cooldown),
                 clock: clock.clone(),
@@ -189,7 +189,7 @@ impl Resilient {
         if shared.breaker.is_open() {
             let applied = self.fallback(batch).await?;
             if applied.admitted {
-                Shared::in_background(shared, batch);
+                Core::in_background(shared, batch);
             }
             return Ok(applied);
         }
@@ -197,7 +197,7 @@ impl Resilient {
         let deadline = self.deadline_of(batch);
         // The call owns its batch, so that it can go on after the deadline.
         let owned = Arc::new(batch.clone());
-        let mut call = Box::pin(Shared::call(shared.clone(), owned.clone()));
+        let mut call = Box::pin(Core::call(shared.clone(), owned.clone()));
         let error = match tokio::time::timeout(deadline, &mut call).await {
             Ok(Ok(applied)) => {
                 shared.breaker.succeeded();
@@ -209,7 +209,7 @@ impl Resilient {
             // the time the store cannot decide.
             Ok(Err(e)) => e,
             Err(_) => {
-                Shared::finish_late(shared, call, owned, asked_at);
+                Core::finish_late(shared, call, owned, asked_at);
                 if deadline < self.options.deadline {
                     // The caller's own deadline was shorter: that says nothing about the
                     // store, and a client sending tiny timeouts must not open the breaker
@@ -219,7 +219,7 @@ impl Resilient {
                 StoreError::Unavailable(format!("no answer within the {deadline:?} deadline"))
             }
         };
-        Shared::failed(shared, &error);
+        Core::failed(shared, &error);
         self.fallback(batch).await
     }
 
@@ -364,7 +364,7 @@ impl Store for Resilient {
     }
 }
 
-impl super::Shared for Resilient {
+impl Shared for Resilient {
     /// Leases within the deadline, counted by the breaker like any call; while the breaker
     /// is open, an error at once (the leasing layer answers by the failure mode then).
     /// Hand-backs get the background limit: nobody waits for them.
@@ -383,7 +383,7 @@ impl super::Shared for Resilient {
             let result = within(deadline, "the lease", shared.primary.lease(asks)).await;
             match &result {
                 Ok(_) => shared.breaker.succeeded(),
-                Err(error) => Shared::failed(shared, error),
+                Err(error) => Core::failed(shared, error),
             }
             result
         })
@@ -423,9 +423,9 @@ impl super::Shared for Resilient {
     }
 }
 
-// === impl Shared ===
+// === impl Core ===
 
-impl Shared {
+impl Core {
     /// One call to the primary store, owning what it needs so that it may outlive its caller.
     async fn call(self: Arc<Self>, batch: Arc<Batch>) -> Result<Applied, StoreError> {
         self.primary.apply(&batch).await
@@ -463,8 +463,8 @@ impl Shared {
         }
         let asked_at = shared.clock.now();
         let batch = Arc::new(batch.clone());
-        let call = Box::pin(Shared::call(shared.clone(), batch.clone()));
-        Shared::finish_late(shared, call, batch, asked_at);
+        let call = Box::pin(Core::call(shared.clone(), batch.clone()));
+        Core::finish_late(shared, call, batch, asked_at);
     }
 
     /// Records a failed call; the call that opens the breaker starts the prober.
@@ -473,7 +473,7 @@ impl Shared {
             if shared.failures_logged.ready() {
                 tracing::warn!(error = %error, "store failing: circuit breaker open, answering by failure_mode");
             }
-            Shared::start_prober(shared);
+            Core::start_prober(shared);
         }
     }
 

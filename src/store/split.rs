@@ -245,16 +245,8 @@ impl Shared for PerSecondSplit {
                 },
             )
             .await;
-            let mut grants: Vec<Option<Grant>> = vec![None; asks.len()];
-            for (indices, part) in [(fast, fast_grants?), (slow, slow_grants?)] {
-                for (i, grant) in indices.into_iter().zip(part) {
-                    grants[i] = Some(grant);
-                }
-            }
-            grants
-                .into_iter()
-                .collect::<Option<Vec<Grant>>>()
-                .ok_or_else(|| StoreError::Internal("a lease got no answer".into()))
+            let calls = [(&fast[..], fast_grants), (&slow[..], slow_grants)];
+            super::in_ask_order(asks.len(), calls, "a lease")
         })
     }
 

@@ -61,7 +61,29 @@ fn request(entries: &[(&str, &str)], hits: i64) -> Request {
     Request::of("m", vec![Descriptor::of(entries, hits)])
 }
 
+/// One hit on `(key, value)`.
+async fn hit(limiter: &Limiter, key: &str, value: &str) {
+    limiter.check(&request(&[(key, value)], 1)).await.unwrap();
+}
+
 /// The value of the sample `name{labels}` in the exposition.
+/// Asserts the value of series `name{labels}` in `text`.
+#[track_caller]
+fn expect(text: &str, name: &str, labels: &str, value: Option<u64>) {
+    assert_eq!(sample(text, name, labels), value, "{name}{{{labels}}}");
+}
+
+/// Asserts the value of the per-rule series `ratelimit_service_rate_limit_{what}{labels}`.
+#[track_caller]
+fn expect_rule(text: &str, what: &str, labels: &str, value: Option<u64>) {
+    expect(
+        text,
+        &format!("ratelimit_service_rate_limit_{what}"),
+        labels,
+        value,
+    );
+}
+
 fn sample(text: &str, name: &str, labels: &str) -> Option<u64> {
     let prefix = format!("{name}{{{labels}}} ");
     text.lines()
@@ -84,27 +106,12 @@ async fn per_rule_counters_count_hits_like_the_reference() {
         .unwrap();
     let text = metrics.render();
     let user = r#"domain="m",key1="user",key2="",rule="m.user""#;
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_total_hits", user),
-        Some(12)
-    );
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_within_limit", user),
-        Some(10)
-    );
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_over_limit", user),
-        Some(2)
-    );
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_near_limit", user),
-        Some(2)
-    );
+    expect_rule(&text, "total_hits", user, Some(12));
+    expect_rule(&text, "within_limit", user, Some(10));
+    expect_rule(&text, "over_limit", user, Some(2));
+    expect_rule(&text, "near_limit", user, Some(2));
     let nested = r#"domain="m",key1="path",key2="method_GET",rule="m.path.method_GET""#;
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_total_hits", nested),
-        Some(3)
-    );
+    expect_rule(&text, "total_hits", nested, Some(3));
     // Request values never become labels.
     assert!(!text.contains("u0") && !text.contains("/x"), "{text}");
 }
@@ -114,17 +121,11 @@ async fn shadow_mode_hits_over_the_limit_are_counted() {
     let metrics = Arc::new(Metrics::new(0.8, 100));
     let limiter = limiter(&metrics);
     for _ in 0..3 {
-        limiter
-            .check(&request(&[("shadowed", "x")], 1))
-            .await
-            .unwrap();
+        hit(&limiter, "shadowed", "x").await;
     }
     let text = metrics.render();
     let labels = r#"domain="m",key1="shadowed",key2="",rule="m.shadowed""#;
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_shadow_mode", labels),
-        Some(2)
-    );
+    expect_rule(&text, "shadow_mode", labels, Some(2));
 }
 
 #[tokio::test]
@@ -132,22 +133,13 @@ async fn detailed_series_are_capped_with_an_overflow_series() {
     let metrics = Arc::new(Metrics::new(0.8, 2));
     let limiter = limiter(&metrics);
     for tenant in ["a", "b", "c", "d"] {
-        limiter
-            .check(&request(&[("tenant", tenant)], 1))
-            .await
-            .unwrap();
+        hit(&limiter, "tenant", tenant).await;
     }
     let text = metrics.render();
     let a = r#"domain="m",key1="tenant_a",key2="",rule="m.tenant_a""#;
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_total_hits", a),
-        Some(1)
-    );
+    expect_rule(&text, "total_hits", a, Some(1));
     let overflow = r#"domain="m",key1="",key2="",rule="__overflow__""#;
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_total_hits", overflow),
-        Some(2)
-    );
+    expect_rule(&text, "total_hits", overflow, Some(2));
     let overflowed = text
         .lines()
         .find_map(|l| l.strip_prefix("sluice_metric_series_overflow_total "));
@@ -286,22 +278,13 @@ descriptors:
           - key: resource
             rate_limit: {unit: minute, requests_per_unit: 60}
 ";
-    assert_eq!(
-        series_name(
-            wildcard,
-            &[("user", "alice"), ("action", "readfile"), ("resource", "r")]
-        )
-        .await,
-        "m.user_alice.action_readfile.resource"
-    );
-    assert_eq!(
-        series_name(
-            wildcard,
-            &[("user", "bob"), ("action", "GET"), ("resource", "r")]
-        )
-        .await,
-        "m.user_bob.action_GET.resource"
-    );
+    for (user, action, name) in [
+        ("alice", "readfile", "m.user_alice.action_readfile.resource"),
+        ("bob", "GET", "m.user_bob.action_GET.resource"),
+    ] {
+        let request = [("user", user), ("action", action), ("resource", "r")];
+        assert_eq!(series_name(wildcard, &request).await, name);
+    }
 }
 
 /// The `over_limit`, `near_limit` and `within_limit` hits a request of `hits` adds on a fresh
@@ -423,10 +406,7 @@ async fn override_series_are_capped_shortened_and_go_away_when_idle() {
         text.len()
     );
     let b = r#"domain="m",key1="b",key2="",rule="m.b""#;
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_total_hits", b),
-        Some(1)
-    );
+    expect_rule(&text, "total_hits", b, Some(1));
     let overflow = r#"domain="m",key1="",key2="",rule="__overflow__""#;
     assert_eq!(
         sample(&text, "ratelimit_service_rate_limit_total_hits", overflow),
@@ -439,10 +419,7 @@ async fn override_series_are_capped_shortened_and_go_away_when_idle() {
     metrics.series.advance(2);
     metrics.series.sweep_idle_overrides();
     let text = metrics.render();
-    assert_eq!(
-        sample(&text, "ratelimit_service_rate_limit_total_hits", b),
-        Some(2)
-    );
+    expect_rule(&text, "total_hits", b, Some(2));
     assert!(!text.contains("kkkk"), "{text}");
     // Its place under the cap is free again: a new override gets a series of its own.
     limiter.check(&override_request("e")).await.unwrap();
@@ -465,18 +442,18 @@ async fn each_rules_limit_is_a_gauge_that_follows_reloads() {
     let text = metrics.render();
     let user =
         r#"algorithm="fixed_window",domain="m",key1="user",key2="",rule="m.user",window="3600s""#;
-    assert_eq!(sample(&text, "sluice_rule_limit", user), Some(10));
+    expect(&text, "sluice_rule_limit", user, Some(10));
     let bucket = r#"algorithm="token_bucket",domain="m",key1="path_/login",key2="",rule="m.path_/login",window="1s""#;
-    assert_eq!(sample(&text, "sluice_rule_limit", bucket), Some(5));
-    assert_eq!(sample(&text, "sluice_rule_burst", bucket), Some(20));
+    expect(&text, "sluice_rule_limit", bucket, Some(5));
+    expect(&text, "sluice_rule_burst", bucket, Some(20));
     let daily = r#"algorithm="fixed_window",domain="m",key1="path_/login",key2="",rule="m.path_/login",window="86400s""#;
-    assert_eq!(sample(&text, "sluice_rule_limit", daily), Some(1000));
+    expect(&text, "sluice_rule_limit", daily, Some(1000));
     // A reload: the removed rule's gauge goes, a changed limit is the new one.
     let smaller = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
     metrics
         .series
         .policy_swapped(&crate::config::policy_for_tests(smaller));
     let text = metrics.render();
-    assert_eq!(sample(&text, "sluice_rule_limit", user), Some(7));
+    expect(&text, "sluice_rule_limit", user, Some(7));
     assert!(!text.contains("path_/login"), "{text}");
 }

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::block::Block;
-use super::{Local, Shared};
+use super::{Core, Local};
 use crate::algorithm::Micros;
 use crate::store::digest::Digest;
 use crate::store::{Batch, CounterOp, LeaseAsk, Take};
@@ -52,7 +52,7 @@ impl Round {
 /// Clears the flights of a round's leases if their call never lands (it failed, or the
 /// request was dropped mid-call): their waiters then ask again.
 struct Flights<'a> {
-    shared: &'a Shared,
+    shared: &'a Core,
     digests: Vec<Digest>,
 }
 
@@ -66,7 +66,7 @@ impl Drop for Flights<'_> {
     }
 }
 
-impl Shared {
+impl Core {
     /// One lease call for a round; installs the grants and wakes the waiters. Leaders whose
     /// lease failed are decided exactly.
     pub(super) async fn lease_round(

@@ -5,7 +5,7 @@ use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{GIVE_BACKS_PER_CALL, LISTED_BLOCKS, MAX_RETRIED_GIVE_BACKS, Round, Shared};
+use super::{Core, GIVE_BACKS_PER_CALL, LISTED_BLOCKS, MAX_RETRIED_GIVE_BACKS, Round};
 use crate::algorithm::{Algorithm, Micros};
 use crate::store::{LeaseAsk, Take};
 
@@ -54,7 +54,7 @@ pub struct BlockView {
     pub ends_in: Micros,
 }
 
-impl Shared {
+impl Core {
     /// Hands back the units of every block whose lease period ended (`all`: of every block,
     /// at shutdown), drops idle blocks and refreshes the view for `status`. Returns the units
     /// handed back.
@@ -192,7 +192,7 @@ impl Shared {
 /// Sweeps every quarter lease period (at least once a second: the view for `status`) and
 /// counts the instances once a lease period (at most once a second); stops when the layer is
 /// dropped.
-pub(super) async fn sweeper(shared: Weak<Shared>) {
+pub(super) async fn sweeper(shared: Weak<Core>) {
     let Some(period) = shared.upgrade().map(|s| s.options.period) else {
         return;
     };

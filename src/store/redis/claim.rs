@@ -58,16 +58,8 @@ impl RedisStore {
             .flat_map(|indices| indices.chunks(PER_CALL))
             .collect();
         let replies = join_all(calls.iter().map(|indices| self.claim_call(asks, indices))).await;
-        let mut grants: Vec<Option<ClaimGrant>> = vec![None; asks.len()];
-        for (indices, reply) in calls.iter().zip(replies) {
-            for (&i, grant) in indices.iter().zip(reply?) {
-                grants[i] = Some(grant);
-            }
-        }
-        grants
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| StoreError::Internal("a claim got no answer".into()))
+        let calls = calls.iter().copied().zip(replies);
+        crate::store::in_ask_order(asks.len(), calls, "a claim")
     }
 
     fn key(&self, ask: &ClaimAsk) -> String {

@@ -64,16 +64,8 @@ impl RedisStore {
             })
             .collect();
         let replies = join_all(groups.iter().map(|(_, part)| self.shared.lease_call(part))).await;
-        let mut grants: Vec<Option<Grant>> = vec![None; asks.len()];
-        for ((indices, _), reply) in groups.iter().zip(replies) {
-            for (&i, grant) in indices.iter().zip(reply?) {
-                grants[i] = Some(grant);
-            }
-        }
-        grants
-            .into_iter()
-            .collect::<Option<Vec<Grant>>>()
-            .ok_or_else(|| StoreError::Internal("a lease got no answer".into()))
+        let calls = groups.iter().map(|(indices, _)| &indices[..]).zip(replies);
+        crate::store::in_ask_order(asks.len(), calls, "a lease")
     }
 
     /// Records `instance` and counts the instances seen within `within`.
