@@ -167,106 +167,103 @@ impl Bootstrap {
     }
 }
 
+/// The Envoy bootstrap the tests and scripts/bench share, and its filters.
+const BOOTSTRAP: &str = include_str!("../../fixtures/envoy/bootstrap.yaml");
+pub const RATELIMIT_FILTER: &str = include_str!("../../fixtures/envoy/ratelimit-filter.yaml");
+pub const RLQS_FILTER: &str = include_str!("../../fixtures/envoy/rlqs-filter.yaml");
+
+/// `template` without its comment lines, each `{{NAME}}` of `values` filled in; a name left
+/// unfilled is a bug in the caller.
+pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    let mut text: String = template
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for (name, value) in values {
+        text = text.replace(&format!("{{{{{name}}}}}"), value);
+    }
+    if let Some(at) = text.find("{{") {
+        let name: String = text[at..].chars().take_while(|c| *c != '\n').collect();
+        assert!(
+            !name[2..].starts_with(|c: char| c.is_ascii_uppercase()),
+            "{name} left unfilled"
+        );
+    }
+    text
+}
+
+/// The bootstrap with `filter` (and a route's `rate_limits`), the Sluice cluster on `sluice`;
+/// every addition empty.
+pub fn bootstrap(ports: [u16; 4], filter: &str, rate_limits: &str) -> String {
+    let [admin, front, upstream, sluice] = ports.map(|p| p.to_string());
+    fill(
+        BOOTSTRAP,
+        &[
+            ("ADMIN_PORT", &admin),
+            ("FRONT_PORT", &front),
+            ("UPSTREAM_PORT", &upstream),
+            ("SLUICE_PORT", &sluice),
+            ("FILTER", filter),
+            ("RATE_LIMITS", rate_limits),
+            ("BODY", "ok"),
+            ("PREAMBLE", ""),
+            ("CONNECTION_MANAGER", ""),
+            ("ROUTES", ""),
+            ("UPSTREAM_ROUTE", ""),
+            ("CLUSTERS", ""),
+        ],
+    )
+}
+
 impl std::fmt::Display for Bootstrap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Self {
-            front,
-            upstream,
-            admin,
-            failure_mode_deny,
-            preamble,
-            connection_manager,
-            routes,
-            filter,
-            body,
-            upstream_route,
-            ..
-        } = self;
-        let http_connection_manager = "envoy.filters.network.http_connection_manager
-        typed_config:
-          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
-        let router = "envoy.filters.http.router
-            typed_config:
-              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
-        write!(
-            f,
-            r#"{preamble}
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
-    filter_chains:
-    - filters:
-      - name: {http_connection_manager}
-          stat_prefix: front
-{connection_manager}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-{routes}
-              - match: {{prefix: "/"}}
-                route:
-                  cluster: upstream
-                  rate_limits:
+        let filter = fill(
+            RATELIMIT_FILTER,
+            &[
+                ("DOMAIN", "edge"),
+                ("FAILURE_MODE_DENY", &self.failure_mode_deny.to_string()),
+                ("TIMEOUT", "2s"),
+                ("FIELDS", &self.filter),
+            ],
+        );
+        let rate_limits = "                  rate_limits:
                   - actions:
-                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              failure_mode_deny: {failure_mode_deny}
-              timeout: 2s
-{filter}
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service:
-                  envoy_grpc: {{cluster_name: sluice}}
-          - name: {router}
-  - name: upstream
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}
-    filter_chains:
-    - filters:
-      - name: {http_connection_manager}
-          stat_prefix: upstream
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "{body}"}}}}
-{upstream_route}
-          http_filters:
-          - name: {router}
-  clusters:
-"#
-        )?;
-        let fixed = [
-            ("upstream", *upstream, false),
-            ("sluice", self.sluice, true),
-        ];
-        let more = self.clusters.iter().map(|(n, p, h2)| (n.as_str(), *p, *h2));
-        for (name, port, h2) in fixed.into_iter().chain(more) {
-            writeln!(f, "  - name: {name}\n    type: STATIC")?;
-            if h2 {
-                writeln!(
-                    f,
+                    - request_headers: {header_name: x-api-key, descriptor_key: api_key}";
+        let mut clusters = String::new();
+        for (name, port, h2) in &self.clusters {
+            clusters.push_str(&format!("  - name: {name}\n    type: STATIC\n"));
+            if *h2 {
+                clusters.push_str(
                     r#"    typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}"#
-                )?;
+        explicit_http_config: {http2_protocol_options: {}}
+"#,
+                );
             }
-            writeln!(
-                f,
-                "    load_assignment:\n      cluster_name: {name}\n      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]"
-            )?;
+            clusters.push_str(&format!(
+                "    load_assignment:\n      cluster_name: {name}\n      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]\n"
+            ));
         }
-        Ok(())
+        let ports = [self.admin, self.front, self.upstream, self.sluice].map(|p| p.to_string());
+        let text = fill(
+            BOOTSTRAP,
+            &[
+                ("ADMIN_PORT", &ports[0]),
+                ("FRONT_PORT", &ports[1]),
+                ("UPSTREAM_PORT", &ports[2]),
+                ("SLUICE_PORT", &ports[3]),
+                ("FILTER", &filter),
+                ("RATE_LIMITS", rate_limits),
+                ("BODY", self.body),
+                ("PREAMBLE", &self.preamble),
+                ("CONNECTION_MANAGER", &self.connection_manager),
+                ("ROUTES", &self.routes),
+                ("UPSTREAM_ROUTE", &self.upstream_route),
+                ("CLUSTERS", &clusters),
+            ],
+        );
+        f.write_str(&text)
     }
 }

@@ -20,77 +20,16 @@ use super::envoy::{self, Envoy};
 /// `no_assignment_behavior` strategy (e.g. `{blanket_rule: ALLOW_ALL}`).
 pub async fn envoy(sluice: u16, no_assignment: &str) -> (Envoy, u16) {
     let free = super::redis::free_port;
-    let (front, admin) = (free(), free());
-    let bootstrap = format!(
-        r#"
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: ok}}}}
-          http_filters:
-          - name: envoy.filters.http.rate_limit_quota
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
-              rlqs_server: {{envoy_grpc: {{cluster_name: rlqs}}}}
-              domain: rq
-              bucket_matchers:
-                matcher_list:
-                  matchers:
-                  - predicate:
-                      single_predicate:
-                        input:
-                          name: has-bucket
-                          typed_config:
-                            "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                            header_name: x-bucket
-                        value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
-                    on_match:
-                      action:
-                        name: bucket
-                        typed_config:
-                          "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
-                          bucket_id_builder:
-                            bucket_id_builder:
-                              name:
-                                custom_value:
-                                  name: bucket-header
-                                  typed_config:
-                                    "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                                    header_name: x-bucket
-                          reporting_interval: 1s
-                          no_assignment_behavior: {{fallback_rate_limit: {no_assignment}}}
-                          deny_response_settings:
-                            response_headers_to_add: [{{header: {{key: x-rlqs, value: denied}}}}]
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: rlqs
-    type: STATIC
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: rlqs
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {sluice}}}}}}}}}]}}]
-"#
+    let (front, admin, upstream) = (free(), free(), free());
+    let filter = envoy::fill(
+        envoy::RLQS_FILTER,
+        &[
+            ("DOMAIN", "rq"),
+            ("REPORTING_INTERVAL", "1s"),
+            ("NO_ASSIGNMENT", no_assignment),
+        ],
     );
+    let bootstrap = envoy::bootstrap([admin, front, upstream, sluice], &filter, "");
     (Envoy::start(&bootstrap, admin).await, front)
 }
 
