@@ -162,25 +162,7 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         store = stores.top.status().kind,
         "rate limit config loaded"
     );
-    if settings.as_reference {
-        tracing::info!(
-            failure_mode = settings.limiter.failure_mode.as_str(),
-            "running as envoyproxy/ratelimit (/bin/ratelimit): rules without a failure_mode answer a store failure by failure_mode {} ({}); defaults that differ from the reference: USE_STATSD false (Prometheus /metrics is native), the :6070 debug listener off (set DEBUG_PORT), LOCAL_CACHE_SIZE_IN_BYTES 16 MiB (the over-limit cache), refused requests charge nothing, a bad config exits 64",
-            settings.limiter.failure_mode.as_str(),
-            match settings.limiter.failure_mode {
-                crate::store::FailureMode::Envoy =>
-                    "a prompt gRPC UNAVAILABLE: Envoy's failure_mode_deny decides, as with the reference",
-                crate::store::FailureMode::Allow => "admit",
-                crate::store::FailureMode::Deny => "refuse",
-                crate::store::FailureMode::Local => "count in this instance's memory",
-            }
-        );
-    }
-    if settings.limiter.reference_keys {
-        tracing::info!(
-            "fixed-window counters use envoyproxy/ratelimit's Redis keys and integers (REDIS_KEY_FORMAT=reference)"
-        );
-    }
+    log_compatibility(&settings);
     let config = Arc::new(parking_lot::RwLock::new(ConfigInfo {
         directory: source,
         files: loaded.files,
@@ -210,6 +192,30 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
         turns,
         hurry: None,
     })
+}
+
+/// What the reference's users should know at start-up: the failure mode and the defaults that
+/// differ, under the reference's name; the reference's key layout, when chosen.
+fn log_compatibility(settings: &Settings) {
+    if settings.as_reference {
+        tracing::info!(
+            failure_mode = settings.limiter.failure_mode.as_str(),
+            "running as envoyproxy/ratelimit (/bin/ratelimit): rules without a failure_mode answer a store failure by failure_mode {} ({}); defaults that differ from the reference: USE_STATSD false (Prometheus /metrics is native), the :6070 debug listener off (set DEBUG_PORT), LOCAL_CACHE_SIZE_IN_BYTES 16 MiB (the over-limit cache), refused requests charge nothing, a bad config exits 64",
+            settings.limiter.failure_mode.as_str(),
+            match settings.limiter.failure_mode {
+                crate::store::FailureMode::Envoy =>
+                    "a prompt gRPC UNAVAILABLE: Envoy's failure_mode_deny decides, as with the reference",
+                crate::store::FailureMode::Allow => "admit",
+                crate::store::FailureMode::Deny => "refuse",
+                crate::store::FailureMode::Local => "count in this instance's memory",
+            }
+        );
+    }
+    if settings.limiter.reference_keys {
+        tracing::info!(
+            "fixed-window counters use envoyproxy/ratelimit's Redis keys and integers (REDIS_KEY_FORMAT=reference)"
+        );
+    }
 }
 
 impl Prepared {
