@@ -71,6 +71,7 @@ pub struct Leased {
     shared: Arc<Core>,
 }
 
+/// What the requests, the lease rounds and the sweeper share.
 struct Core {
     inner: Arc<dyn Shared>,
     shards: Sharded<DigestMap<Block>>,
