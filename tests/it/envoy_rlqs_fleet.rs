@@ -5,16 +5,10 @@
 use std::time::{Duration, Instant};
 
 use crate::common::redis::{RedisServer, free_port};
-use crate::common::rlqs::{KeepAlive, call, envoy};
+use crate::common::rlqs::{KeepAlive, RULES, call, envoy};
 use crate::common::{SluiceProcess, TestServer, config_dir, eventually, http_get};
 
-/// 10 per second, a burst of 10.
-const RULES: &str = "
-domain: rq
-descriptors:
-  - key: name
-    rate_limit: {unit: second, requests_per_unit: 10}
-";
+/// [`RULES`]: 10 per second, a burst of 10.
 const RATE: f64 = 10.0;
 const BURST: f64 = 10.0;
 
@@ -175,20 +169,11 @@ async fn three_envoys_share_one_budget_and_an_idle_ones_share_moves_to_the_busy(
 
 /// A replica on `redis`, its gRPC port `port`.
 fn replica(dir: &std::path::Path, redis: &RedisServer, port: u16) -> SluiceProcess {
-    let url = redis.url();
     let addr = format!("127.0.0.1:{port}");
-    SluiceProcess::spawn(
+    SluiceProcess::on_redis(
         dir,
-        &[
-            "--backend",
-            "redis",
-            "--redis-url",
-            &url,
-            "--redis-deadline",
-            "2s",
-            "--grpc-addr",
-            &addr,
-        ],
+        redis,
+        &["--redis-deadline", "2s", "--grpc-addr", &addr],
     )
 }
 

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use crate::common::process::clients;
 use crate::common::redis::{RedisCluster, RedisServer};
 use crate::common::{SluiceProcess, config_dir, eventually, http_get, metric};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -37,18 +38,6 @@ fn fleet(name: &str, store: &[&str], env: &[(&str, &str)]) -> Vec<SluiceProcess>
     (0..3)
         .map(|_| SluiceProcess::spawn_with_env(&dir, &args, env))
         .collect()
-}
-
-async fn clients(instances: &[SluiceProcess]) -> Vec<RateLimitServiceClient<Channel>> {
-    let mut clients = Vec::new();
-    for instance in instances {
-        clients.push(
-            RateLimitServiceClient::connect(format!("http://{}", instance.grpc))
-                .await
-                .unwrap(),
-        );
-    }
-    clients
 }
 
 /// [`crate::common::drive`] on the `lease` domain.
@@ -211,7 +200,6 @@ async fn a_rolling_restart_hands_its_units_to_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_redis_is_away_the_block_in_hand_is_admitted_then_the_failure_mode_answers() {
     let redis = RedisServer::start();
-    let url = redis.url();
     let dir = config_dir(
         "lease-outage",
         &[(
@@ -219,18 +207,10 @@ async fn while_redis_is_away_the_block_in_hand_is_admitted_then_the_failure_mode
             "domain: lease\ndescriptors:\n  - key: hot\n    consistency: leased\n    failure_mode: deny\n    rate_limit: {unit: day, requests_per_unit: 2000}\n",
         )],
     );
-    let instance = SluiceProcess::spawn(
+    let instance = SluiceProcess::on_redis(
         &dir,
-        &[
-            "--backend",
-            "redis",
-            "--redis-url",
-            &url,
-            "--lease-period",
-            "60s",
-            "--redis-deadline",
-            "200ms",
-        ],
+        &redis,
+        &["--lease-period", "60s", "--redis-deadline", "200ms"],
     );
     let clients = clients(std::slice::from_ref(&instance)).await;
     // Ramp up: the block grows to a lease period's worth at this rate, at most half of what
@@ -262,25 +242,12 @@ async fn while_redis_is_away_the_block_in_hand_is_admitted_then_the_failure_mode
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_limits_lease_exactly_like_each_algorithms_worked_cases() {
     let redis = RedisServer::start();
-    let url = redis.url();
     // DESIGN §4's cases: token bucket of capacity 2 and 1/s; fixed window of 3 per minute;
     // sliding window of 3 per minute. Blocks of these sizes are one unit: leasing is exact.
     let yaml = "domain: lease\nconsistency: leased\ndescriptors:\n  - key: tb\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 2}\n  - key: fw\n    rate_limit: {unit: hour, requests_per_unit: 3}\n  - key: sw\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window}\n";
     let dir = config_dir("lease-tiny", &[("lease.yaml", yaml)]);
     let instances: Vec<SluiceProcess> = (0..2)
-        .map(|_| {
-            SluiceProcess::spawn(
-                &dir,
-                &[
-                    "--backend",
-                    "redis",
-                    "--redis-url",
-                    &url,
-                    "--redis-deadline",
-                    "2s",
-                ],
-            )
-        })
+        .map(|_| SluiceProcess::on_redis(&dir, &redis, &["--redis-deadline", "2s"]))
         .collect();
     let clients = clients(&instances).await;
     for key in ["fw", "sw"] {
@@ -327,7 +294,6 @@ fn concurrency_cannot_be_leased() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn units_held_through_a_redis_restart_are_handed_back_when_it_returns() {
     let mut redis = RedisServer::start();
-    let url = redis.url();
     let dir = config_dir(
         "lease-redis-restart",
         &[(
@@ -335,18 +301,10 @@ async fn units_held_through_a_redis_restart_are_handed_back_when_it_returns() {
             "domain: lease\ndescriptors:\n  - key: hot\n    consistency: leased\n    rate_limit: {unit: day, requests_per_unit: 3000}\n",
         )],
     );
-    let instance = SluiceProcess::spawn(
+    let instance = SluiceProcess::on_redis(
         &dir,
-        &[
-            "--backend",
-            "redis",
-            "--redis-url",
-            &url,
-            "--lease-period",
-            "1s",
-            "--redis-deadline",
-            "500ms",
-        ],
+        &redis,
+        &["--lease-period", "1s", "--redis-deadline", "500ms"],
     );
     let clients = clients(std::slice::from_ref(&instance)).await;
     assert_eq!(drive(&clients, &[("hot", "r")], 300, 8).await["OK"], 300);

@@ -217,19 +217,10 @@ async fn the_drain_waits_for_requests_in_flight() {
     // deadline) when SIGTERM arrives: the drain must let them finish before exiting.
     let redis = crate::common::redis::RedisServer::start();
     let dir = config_dir("drain", &[("r.yaml", FIVE)]);
-    let url = redis.url();
-    let mut process = SluiceProcess::spawn(
+    let mut process = SluiceProcess::on_redis(
         &dir,
-        &[
-            "--backend",
-            "redis",
-            "--redis-url",
-            &url,
-            "--redis-deadline",
-            "2s",
-            "--shutdown-grace",
-            "20s",
-        ],
+        &redis,
+        &["--redis-deadline", "2s", "--shutdown-grace", "20s"],
     );
     let client = RateLimitServiceClient::connect(format!("http://{}", process.grpc))
         .await

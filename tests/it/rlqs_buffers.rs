@@ -8,15 +8,8 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageRe
 use prost::Message;
 use tonic::codegen::Bytes;
 
-use crate::common::rlqs::usage;
+use crate::common::rlqs::{RULES, usage};
 use crate::common::{SluiceProcess, config_dir, http_get, metric};
-
-const RULES: &str = "
-domain: rq
-descriptors:
-  - key: name
-    rate_limit: {unit: second, requests_per_unit: 10}
-";
 
 /// The server's resident memory, in MB.
 fn rss_mb(pid: u32) -> f64 {

@@ -10,16 +10,9 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 
-use crate::common::rlqs::{Stream, usage};
+use crate::common::rlqs::{RULES, Stream, usage};
 use crate::common::{TestServer, config_dir, http_get, metric};
 use sluice::settings::Settings;
-
-const RULES: &str = "
-domain: rq
-descriptors:
-  - key: name
-    rate_limit: {unit: second, requests_per_unit: 10}
-";
 
 fn strategy(kind: &Kind) -> Option<&Strategy> {
     match kind {

@@ -3,14 +3,13 @@
 //! instance and from another replica on one Redis; before, it was told DENY_ALL and denied
 //! the tenant's traffic for a second (one instance) or about six (across replicas).
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
 
 use crate::common::redis::RedisServer;
-use crate::common::rlqs::{Stream, usage};
+use crate::common::rlqs::{Stream, local, usage};
 use crate::common::{SluiceProcess, TestServer, config_dir};
 use sluice::settings::Settings;
 
@@ -20,10 +19,6 @@ descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 100}
 ";
-
-fn local(last: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
-}
 
 /// What an answer assigns the tenant's bucket: its token bucket's rate, 0 for DENY_ALL;
 /// `None` when it says nothing of it.
@@ -105,11 +100,9 @@ async fn a_newcomer_gets_its_floor_in_its_first_answer() {
 async fn across_replicas_a_newcomer_gets_its_floor_in_its_first_answer() {
     let redis = RedisServer::start();
     let dir = config_dir("rlqs-newcomer-fleet", &[("rq.yaml", RULES)]);
-    let url = redis.url();
-    let args = ["--backend", "redis", "--redis-url", &url];
     let (a, b) = (
-        SluiceProcess::spawn(&dir, &args),
-        SluiceProcess::spawn(&dir, &args),
+        SluiceProcess::on_redis(&dir, &redis, &[]),
+        SluiceProcess::on_redis(&dir, &redis, &[]),
     );
     let _first = incumbent(a.grpc.parse().unwrap()).await;
     let rate = newcomers_first_rate(b.grpc.parse().unwrap()).await;

@@ -4,14 +4,13 @@
 //! and an honest Envoy keeps its max-min fair share. Each client here has a loopback address
 //! of its own.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
 
 use crate::common::redis::RedisServer;
-use crate::common::rlqs::{Stream, usage};
+use crate::common::rlqs::{Stream, local, usage};
 use crate::common::{SluiceProcess, TestServer, config_dir};
 use sluice::settings::Settings;
 
@@ -21,10 +20,6 @@ descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 10}
 ";
-
-fn local(last: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
-}
 
 /// A hostile client: `streams` streams from one address, each reporting the most usage
 /// there is for the tenant's bucket.
@@ -99,11 +94,9 @@ async fn a_hundred_streams_from_one_address_get_what_one_envoy_gets() {
 async fn across_replicas_an_honest_envoy_keeps_its_max_min_share() {
     let redis = RedisServer::start();
     let dir = config_dir("rlqs-peers-fleet", &[("rq.yaml", RULES)]);
-    let url = redis.url();
-    let args = ["--backend", "redis", "--redis-url", &url];
     let (a, b) = (
-        SluiceProcess::spawn(&dir, &args),
-        SluiceProcess::spawn(&dir, &args),
+        SluiceProcess::on_redis(&dir, &redis, &[]),
+        SluiceProcess::on_redis(&dir, &redis, &[]),
     );
     let hostile = hostile(a.grpc.parse().unwrap(), 100).await;
     let mut honest = Stream::open_from(b.grpc.parse().unwrap(), local(2))

@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
 
+use super::redis::RedisServer;
 use super::temp_dir;
 
 /// A `sluice serve` process on ports chosen by the OS; killed on drop.
@@ -26,6 +28,15 @@ impl SluiceProcess {
     /// (the readiness signal, which names the bound ports).
     pub fn spawn(dir: &std::path::Path, args: &[&str]) -> Self {
         Self::spawn_with_env(dir, args, &[])
+    }
+
+    /// [`SluiceProcess::spawn`] counting on `redis` (`--backend redis --redis-url URL`), then
+    /// `args`.
+    pub fn on_redis(dir: &std::path::Path, redis: &RedisServer, args: &[&str]) -> Self {
+        let url = redis.url();
+        let mut all = vec!["--backend", "redis", "--redis-url", &url];
+        all.extend_from_slice(args);
+        Self::spawn(dir, &all)
     }
 
     /// [`SluiceProcess::spawn`] with these environment variables set.
@@ -126,6 +137,19 @@ impl Drop for SluiceProcess {
     }
 }
 
+/// A gRPC client connected to each of `instances`, in order.
+pub async fn clients(instances: &[SluiceProcess]) -> Vec<RateLimitServiceClient<Channel>> {
+    let mut clients = Vec::new();
+    for instance in instances {
+        clients.push(
+            RateLimitServiceClient::connect(format!("http://{}", instance.grpc))
+                .await
+                .unwrap(),
+        );
+    }
+    clients
+}
+
 /// `total` requests of `entries` in `domain`, round-robin over `instances`, `concurrency` at
 /// a time ([`super::drive`] over one client per process): the count of each answer.
 pub async fn drive_processes(
@@ -135,13 +159,6 @@ pub async fn drive_processes(
     total: usize,
     concurrency: usize,
 ) -> HashMap<String, usize> {
-    let mut clients = Vec::new();
-    for instance in instances {
-        clients.push(
-            RateLimitServiceClient::connect(format!("http://{}", instance.grpc))
-                .await
-                .unwrap(),
-        );
-    }
+    let clients = clients(instances).await;
     super::drive(&clients, domain, entries, total, concurrency).await
 }

@@ -14,6 +14,20 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 
 use super::envoy::{self, Envoy};
 
+/// Sluice's rules for the RLQS tests' buckets `{name: <x>}` of domain `rq`: 10 a second each
+/// (a token bucket of 10, refilled by 10 a second).
+pub const RULES: &str = "
+domain: rq
+descriptors:
+  - key: name
+    rate_limit: {unit: second, requests_per_unit: 10}
+";
+
+/// The loopback address `127.0.0.<last>`: a client address of its own.
+pub fn local(last: u8) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, last))
+}
+
 /// An Envoy whose front listener's requests are put in the bucket `{name: <x-bucket>}` of
 /// domain `rq` (a request without `x-bucket` is allowed and not reported), answered 200 by a
 /// direct response or 429 with `x-rlqs: denied`. `no_assignment` is the filter's
