@@ -15,6 +15,7 @@
 //!   passes nothing its current window's recorded charges leave no room for; a token bucket
 //!   passes nothing while the charges recorded since any instant exceed what it refilled.
 
+use crate::common::counters::limit;
 use proptest::prelude::*;
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND, State, applies_unconditionally, decide};
 
@@ -40,17 +41,7 @@ fn limit_strategy(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
         prop_oneof![Just(SECOND), Just(60 * SECOND)],
         1u64..20,
     )
-        .prop_map(move |(requests, window, burst)| Limit {
-            overdraft: false,
-            requests,
-            window,
-            algorithm,
-            burst: if algorithm == Algorithm::TokenBucket {
-                burst
-            } else {
-                requests
-            },
-        })
+        .prop_map(move |(requests, window, burst)| limit(requests, window, algorithm, burst))
 }
 
 /// Runs the steps like a store does (state kept only when allowed); returns each admitted

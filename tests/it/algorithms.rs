@@ -6,6 +6,7 @@ use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::common::counters;
 use crate::common::redis::{RedisServer, command_calls};
 use sluice::algorithm::{self, Algorithm, Decision, Limit, Micros, SECOND, State};
 use sluice::clock::{Clock, ManualClock};
@@ -251,20 +252,8 @@ struct WithClock<S> {
 impl<S: Store> Decider for WithClock<S> {
     async fn decide(&mut self, key: &str, limit: &Limit, now: Micros, hits: i64) -> Decision {
         self.clock.set(now);
-        let op = CounterOp {
-            key: CounterKey::new(&self.namespace, [("k", key)], limit),
-            limit: *limit,
-            hits,
-            role: Role::Enforce,
-            failure_mode: FailureMode::Allow,
-            consistency: Default::default(),
-        };
-        let batch = Batch {
-            ops: vec![op],
-            admission: Admission::ByRule,
-            deadline: None,
-            charged_at: None,
-        };
+        let op = counters::op(&self.namespace, [("k", key)], *limit, hits, Role::Enforce);
+        let batch = counters::batch(vec![op]);
         self.store.apply(&batch).await.unwrap().decisions[0]
     }
 }

@@ -5,15 +5,14 @@
 
 use std::sync::Arc;
 
+use crate::common::counters;
 use crate::common::redis::RedisServer;
 use crate::common::{TestServer, config_dir, http_get};
 use sluice::algorithm::{Algorithm, Decision, Limit, SECOND};
 use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::store::memory::MemoryOptions;
 use sluice::store::redis::{RedisKind, RedisOptions};
-use sluice::store::{
-    Admission, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role, Store,
-};
+use sluice::store::{CounterOp, MemoryStore, RedisStore, Role, Store};
 
 /// 2^53: past it a double skips integers.
 const TWO_TO_53: u64 = 1 << 53;
@@ -23,24 +22,11 @@ fn budget(algorithm: Algorithm) -> Limit {
 }
 
 fn charge(namespace: &str, limit: Limit, hits: i64) -> CounterOp {
-    CounterOp {
-        key: CounterKey::new(namespace, [("tenant", "big")], &limit),
-        limit,
-        hits,
-        role: Role::Enforce,
-        failure_mode: FailureMode::Allow,
-        consistency: Default::default(),
-    }
+    counters::op(namespace, [("tenant", "big")], limit, hits, Role::Enforce)
 }
 
 async fn apply(store: &dyn Store, ops: Vec<CounterOp>) -> Vec<Decision> {
-    let batch = Batch {
-        ops,
-        admission: Admission::ByRule,
-        deadline: None,
-        charged_at: None,
-    };
-    store.apply(&batch).await.unwrap().decisions
+    store.apply(&counters::batch(ops)).await.unwrap().decisions
 }
 
 /// The same charges on the memory store and on Redis (one pinned clock): every decision

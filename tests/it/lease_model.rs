@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::counters::{self, batch, limit};
 use futures_util::future::join_all;
 use proptest::prelude::*;
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
@@ -25,8 +26,8 @@ use sluice::clock::{Clock, ManualClock};
 use sluice::store::lease::LeaseOptions;
 use sluice::store::memory::MemoryOptions;
 use sluice::store::{
-    Admission, Applied, Batch, BoxFuture, Consistency, CounterKey, CounterOp, FailureMode, Grant,
-    LeaseAsk, Leased, MemoryStore, Role, Shared, Store, StoreError, StoreStatus,
+    Applied, Batch, BoxFuture, Consistency, CounterOp, Grant, LeaseAsk, Leased, MemoryStore, Role,
+    Shared, Store, StoreError, StoreStatus,
 };
 
 const START: Micros = 1_700_000_040 * SECOND;
@@ -102,21 +103,8 @@ fn fleet(n: usize, period: Duration) -> Fleet {
 
 fn op(limit: &Limit, key: &str, hits: i64, consistency: Consistency) -> CounterOp {
     CounterOp {
-        key: CounterKey::new("model", [("key", key)], limit),
-        limit: *limit,
-        hits,
-        role: Role::Enforce,
-        failure_mode: FailureMode::Allow,
         consistency,
-    }
-}
-
-fn batch(ops: Vec<CounterOp>) -> Batch {
-    Batch {
-        ops,
-        admission: Admission::ByRule,
-        deadline: None,
-        charged_at: None,
+        ..counters::op("model", [("key", key)], *limit, hits, Role::Enforce)
     }
 }
 
@@ -194,20 +182,6 @@ fn run(limit: Limit, n: usize, period: Duration, waves: &[Wave]) -> Vec<(Micros,
         }
         admitted
     })
-}
-
-fn limit(requests: u64, window: Micros, algorithm: Algorithm, burst: u64) -> Limit {
-    Limit {
-        overdraft: false,
-        requests,
-        window,
-        algorithm,
-        burst: if algorithm == Algorithm::TokenBucket {
-            burst
-        } else {
-            requests
-        },
-    }
 }
 
 proptest! {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::counters::{self, batch};
 use crate::common::redis::RedisServer;
 use crate::common::{TestServer, config_dir, http_get};
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
@@ -15,8 +16,7 @@ use sluice::store::memory::MemoryOptions;
 use sluice::store::redis::{RedisKind, RedisOptions};
 use sluice::store::resilient::ResilienceOptions;
 use sluice::store::{
-    Admission, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, PerSecondSplit, RedisStore,
-    Role, Shared, Store,
+    Batch, CounterOp, MemoryStore, PerSecondSplit, RedisStore, Role, Shared, Store,
 };
 
 const HOUR: Micros = 3600 * SECOND;
@@ -25,23 +25,7 @@ const T0: Micros = 1_800_000_000 * SECOND + SECOND / 2;
 
 fn op(name: &str, window: Micros, requests: u64, hits: i64, role: Role) -> CounterOp {
     let limit = Limit::new(requests, window, Algorithm::FixedWindow);
-    CounterOp {
-        key: CounterKey::new("split", [("k", name)], &limit),
-        limit,
-        hits,
-        role,
-        failure_mode: FailureMode::Allow,
-        consistency: Default::default(),
-    }
-}
-
-fn batch(ops: Vec<CounterOp>) -> Batch {
-    Batch {
-        ops,
-        admission: Admission::ByRule,
-        deadline: None,
-        charged_at: None,
-    }
+    counters::op("split", [("k", name)], limit, hits, role)
 }
 
 struct Pair {

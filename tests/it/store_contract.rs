@@ -5,16 +5,14 @@
 
 use std::sync::Arc;
 
+use crate::common::counters;
 use crate::common::eventually_blocking;
 use crate::common::redis::{RedisCluster, RedisServer, command_calls};
 use sluice::algorithm::{Algorithm, Limit, SECOND};
 use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::store::memory::MemoryOptions;
 use sluice::store::redis::{RedisKind, RedisOptions};
-use sluice::store::{
-    Admission, Applied, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, RedisStore, Role,
-    Store,
-};
+use sluice::store::{Admission, Applied, Batch, CounterOp, MemoryStore, RedisStore, Role, Store};
 
 const HOUR: u64 = 3600 * SECOND;
 
@@ -32,27 +30,11 @@ fn namespace(test: &str) -> String {
 }
 
 fn op(ns: &str, name: &str, requests: u64, hits: i64, role: Role) -> CounterOp {
-    let limit = limit(requests);
-    CounterOp {
-        key: CounterKey::new(ns, [("k", name)], &limit),
-        limit,
-        hits,
-        role,
-        failure_mode: FailureMode::Allow,
-        consistency: Default::default(),
-    }
+    counters::op(ns, [("k", name)], limit(requests), hits, role)
 }
 
 async fn apply(store: &dyn Store, ops: Vec<CounterOp>) -> Applied {
-    store
-        .apply(&Batch {
-            ops,
-            admission: Admission::ByRule,
-            deadline: None,
-            charged_at: None,
-        })
-        .await
-        .unwrap()
+    store.apply(&counters::batch(ops)).await.unwrap()
 }
 
 /// Remaining budget of a counter, without charging it.
@@ -275,14 +257,7 @@ async fn windows_end_on_unit_boundaries(store: &dyn Store, clock: &ManualClock) 
         algorithm: Algorithm::FixedWindow,
         burst: 1,
     };
-    let one = || CounterOp {
-        key: CounterKey::new(&ns, [("k", "s")], &second),
-        limit: second,
-        hits: 1,
-        role: Role::Enforce,
-        failure_mode: FailureMode::Allow,
-        consistency: Default::default(),
-    };
+    let one = || counters::op(&ns, [("k", "s")], second, 1, Role::Enforce);
     let first = apply(store, vec![one()]).await;
     let reset = first.decisions[0].reset_after;
     assert!(reset > 0 && reset <= SECOND, "{reset}");
@@ -368,12 +343,7 @@ async fn redis_reloads_its_script_after_a_restart() {
     redis.restart();
     // The first call after the restart may fail while the connection is remade; then the
     // script is loaded again (NOSCRIPT → EVAL) and counting starts from an empty server.
-    let batch = Batch {
-        ops: vec![op(&ns, "a", 5, 1, Role::Enforce)],
-        admission: Admission::ByRule,
-        deadline: None,
-        charged_at: None,
-    };
+    let batch = counters::batch(vec![op(&ns, "a", 5, 1, Role::Enforce)]);
     let answered = std::cell::RefCell::new(None);
     crate::common::eventually("redis answers again after a restart", || async {
         match store.apply(&batch).await {

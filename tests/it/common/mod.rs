@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod certs;
+pub mod counters;
 pub mod envoy;
 pub mod otlp;
 pub mod process;
