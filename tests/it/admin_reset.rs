@@ -3,6 +3,7 @@
 //! the mutual-TLS port, every attempt counted; and the CLI that sends them.
 
 use crate::common::admin::{admin, descriptor, settings, token_file, with_token};
+use crate::common::certs::{server_tls, tls_endpoint};
 use crate::common::{SluiceProcess, TestServer, config_dir, http, http_get, metric, temp_dir};
 use sluice::admin::ResetSettings;
 use sluice::admin::api::proto::{CountersRequest, admin_client::AdminClient};
@@ -99,32 +100,14 @@ async fn a_client_certificate_for_the_named_san_may_reset_on_the_mutual_tls_port
             token_file: None,
             client_san: Some(san.into()),
         });
-        settings.grpc_tls = Some(sluice::net::tls::TlsFiles {
-            cert: certs.join("server.crt"),
-            key: certs.join("server.key"),
-            client_ca: Some(certs.join("ca.crt")),
-            client_san: None,
-        });
+        settings.grpc_tls = Some(server_tls(&certs, true));
         let server = TestServer::start_with(settings).await;
-        let tls = tonic::transport::ClientTlsConfig::new()
-            .domain_name("localhost")
-            .ca_certificate(tonic::transport::Certificate::from_pem(
-                std::fs::read(certs.join("ca.crt")).unwrap(),
-            ))
-            .identity(tonic::transport::Identity::from_pem(
-                std::fs::read(certs.join("client.crt")).unwrap(),
-                std::fs::read(certs.join("client.key")).unwrap(),
-            ));
-        let channel = tonic::transport::Endpoint::from_shared(format!(
-            "https://localhost:{}",
-            server.grpc_addr.port()
-        ))
-        .unwrap()
-        .tls_config(tls)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+        let port = server.grpc_addr.port();
+        let channel = tls_endpoint(port, Some(&certs), Some(&certs))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
         let answer = AdminClient::new(channel)
             .reset_counters(CountersRequest {
                 domain: "m".into(),

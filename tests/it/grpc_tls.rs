@@ -3,23 +3,17 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::certs::{server_tls, tls_endpoint};
 use crate::common::{TestServer, config_dir, descriptor, request, temp_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::net::tls::TlsFiles;
 use sluice::settings::Settings;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 const CONFIG: &str =
     "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
 
 fn tls_settings(certs: &Path, mutual: bool) -> Settings {
     let mut settings = Settings::for_tests(config_dir("tls", &[("t.yaml", CONFIG)]));
-    settings.grpc_tls = Some(TlsFiles {
-        cert: certs.join("server.crt"),
-        key: certs.join("server.key"),
-        client_ca: mutual.then(|| certs.join("ca.crt")),
-        client_san: None,
-    });
+    settings.grpc_tls = Some(server_tls(certs, mutual));
     settings
 }
 
@@ -33,24 +27,7 @@ async fn ask(
     ca: Option<&Path>,
     identity: Option<&Path>,
 ) -> Result<u32, String> {
-    let mut tls = ClientTlsConfig::new().domain_name("localhost");
-    if let Some(ca) = ca {
-        tls = tls.ca_certificate(Certificate::from_pem(
-            std::fs::read(ca.join("ca.crt")).unwrap(),
-        ));
-    }
-    if let Some(dir) = identity {
-        tls = tls.identity(Identity::from_pem(
-            std::fs::read(dir.join("client.crt")).unwrap(),
-            std::fs::read(dir.join("client.key")).unwrap(),
-        ));
-    }
-    let endpoint = Endpoint::from_shared(format!("https://localhost:{}", server.grpc_addr.port()))
-        .unwrap()
-        .tls_config(tls)
-        .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(5));
-    let channel = endpoint
+    let channel = tls_endpoint(server.grpc_addr.port(), ca, identity)?
         .connect()
         .await
         .map_err(|e| format!("connect: {e:?}"))?;
@@ -165,22 +142,8 @@ async fn rlqs_streams_take_the_same_mutual_tls() {
     crate::common::certs::make(&certs);
     let server = tls_server(&certs, true).await;
     let channel = |identity: bool| {
-        let mut tls = ClientTlsConfig::new()
-            .domain_name("localhost")
-            .ca_certificate(Certificate::from_pem(
-                std::fs::read(certs.join("ca.crt")).unwrap(),
-            ));
-        if identity {
-            tls = tls.identity(Identity::from_pem(
-                std::fs::read(certs.join("client.crt")).unwrap(),
-                std::fs::read(certs.join("client.key")).unwrap(),
-            ));
-        }
-        Endpoint::from_shared(format!("https://localhost:{}", server.grpc_addr.port()))
-            .unwrap()
-            .tls_config(tls)
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
+        let identity = identity.then_some(certs.as_path());
+        tls_endpoint(server.grpc_addr.port(), Some(&certs), identity).unwrap()
     };
     // Without a client certificate: the handshake or the stream fails (under TLS 1.3 the
     // server's refusal arrives after the client's side of the handshake is done).

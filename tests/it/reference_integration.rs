@@ -15,6 +15,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::certs::{server_tls, tls_endpoint};
 use crate::common::redis::{
     RedisCluster, RedisSentinel, RedisServer, TlsRedisServer, command_calls,
 };
@@ -25,10 +26,8 @@ use crate::common::{TestServer, config_dir, descriptor, request, should_rate_lim
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::net::tls::TlsFiles;
 use sluice::settings::{Backend, Settings};
 use sluice::store::redis::{RedisKind, RedisOptions};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 /// `basic.yaml`.
 const BASIC: &str = "
@@ -479,22 +478,7 @@ async fn ask_over_tls(
     ca: &Path,
     identity: Option<&Path>,
 ) -> Result<u32, String> {
-    let mut tls = ClientTlsConfig::new()
-        .domain_name("localhost")
-        .ca_certificate(Certificate::from_pem(
-            std::fs::read(ca.join("ca.crt")).unwrap(),
-        ));
-    if let Some(dir) = identity {
-        tls = tls.identity(Identity::from_pem(
-            std::fs::read(dir.join("client.crt")).unwrap(),
-            std::fs::read(dir.join("client.key")).unwrap(),
-        ));
-    }
-    let channel = Endpoint::from_shared(format!("https://localhost:{}", server.grpc_addr.port()))
-        .unwrap()
-        .tls_config(tls)
-        .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(5))
+    let channel = tls_endpoint(server.grpc_addr.port(), Some(ca), identity)?
         .connect()
         .await
         .map_err(|e| format!("connect: {e:?}"))?;
@@ -508,12 +492,7 @@ async fn ask_over_tls(
 
 fn tls_settings(certs: &Path, client_ca: bool) -> Settings {
     let mut settings = memory();
-    settings.grpc_tls = Some(TlsFiles {
-        cert: certs.join("server.crt"),
-        key: certs.join("server.key"),
-        client_ca: client_ca.then(|| certs.join("ca.crt")),
-        client_san: None,
-    });
+    settings.grpc_tls = Some(server_tls(certs, client_ca));
     settings
 }
 

@@ -3,6 +3,10 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
+
+use sluice::net::tls::TlsFiles;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -91,4 +95,42 @@ pub fn make(dir: &Path) {
             ],
         );
     }
+}
+
+/// The server's TLS files in `dir` (as [`make`] writes them), verifying client certificates
+/// against its CA when `mutual`.
+pub fn server_tls(dir: &Path, mutual: bool) -> TlsFiles {
+    TlsFiles {
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
+        client_ca: mutual.then(|| dir.join("ca.crt")),
+        client_san: None,
+    }
+}
+
+/// An endpoint for the gRPC port `port` over TLS to `localhost` (connecting within 5 s),
+/// trusting the CA in `ca` and presenting the client certificate in `identity` (directories
+/// [`make`] wrote into), each if given; an error as text.
+pub fn tls_endpoint(
+    port: u16,
+    ca: Option<&Path>,
+    identity: Option<&Path>,
+) -> Result<Endpoint, String> {
+    let mut tls = ClientTlsConfig::new().domain_name("localhost");
+    if let Some(ca) = ca {
+        tls = tls.ca_certificate(Certificate::from_pem(
+            std::fs::read(ca.join("ca.crt")).unwrap(),
+        ));
+    }
+    if let Some(dir) = identity {
+        tls = tls.identity(Identity::from_pem(
+            std::fs::read(dir.join("client.crt")).unwrap(),
+            std::fs::read(dir.join("client.key")).unwrap(),
+        ));
+    }
+    Ok(Endpoint::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(5)))
 }
