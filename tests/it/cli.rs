@@ -211,24 +211,14 @@ fn bench_reports_throughput_and_latency() {
 
 #[tokio::test]
 async fn a_second_signal_skips_the_shutdown_delay() {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use crate::common::health::{Health, Status};
     let dir = crate::common::config_dir("cli-second-signal", &[("c.yaml", CONFIG)]);
     let mut served = SluiceProcess::spawn(&dir, &["--shutdown-delay", "600s"]);
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", served.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let health = HealthClient::new(channel);
+    let health = Health::connect(&served.grpc).await;
     served.terminate();
     // The first signal starts the ten-minute delay: health checks fail, the process stays.
-    crate::common::eventually("health reports NOT_SERVING", || {
-        let mut health = health.clone();
-        async move {
-            let answer = health.check(HealthCheckRequest::default()).await.unwrap();
-            answer.into_inner().status == ServingStatus::NotServing as i32
-        }
+    crate::common::eventually("health reports NOT_SERVING", || async {
+        health.status("").await == Status::NotServing
     })
     .await;
     assert!(served.child.try_wait().unwrap().is_none());

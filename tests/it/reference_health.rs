@@ -11,7 +11,9 @@
 //! Sluice's behaviour.
 
 use crate::common::redis::RedisServer;
-use crate::common::reference::{Store, eventually, grpc_health, on_each_store, write_config};
+use crate::common::reference::{
+    Store, eventually, grpc_health, grpc_health_follows_the_file, on_each_store, write_config,
+};
 use crate::common::{TestServer, http_get};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -135,20 +137,7 @@ async fn grpc_health_is_serving_while_redis_answers() {
 /// config and Redis components together; Redis: see `grpc_health_follows_redis`).
 async fn grpc_health_waits_for_a_config(store: &Store) {
     let (server, dir) = needing_config(store).await;
-    assert_eq!(
-        grpc_health(&server, "ratelimit").await,
-        ServingStatus::NotServing
-    );
-    write_config(&dir, "health.yaml", CONFIG);
-    eventually("serving once a config is loaded", || async {
-        grpc_health(&server, "ratelimit").await == ServingStatus::Serving
-    })
-    .await;
-    std::fs::remove_file(dir.join("health.yaml")).unwrap();
-    eventually("not serving once the config is gone", || async {
-        grpc_health(&server, "ratelimit").await == ServingStatus::NotServing
-    })
-    .await;
+    grpc_health_follows_the_file(&server, &dir, "health.yaml", CONFIG).await;
 }
 
 on_each_store!([memory, redis] [healthcheck_waits_for_a_config,

@@ -11,8 +11,8 @@
 //! redis` at the end).
 
 use crate::common::reference::{
-    Store, answer, counter, desc_hits, eventually, grpc_health, named, no_limit, on_each_store,
-    req, status, unlimited, wait_for_counter, write_config,
+    Store, answer, counter, desc_hits, grpc_health, grpc_health_follows_the_file, named, no_limit,
+    on_each_store, req, status, unlimited, wait_for_counter, write_config,
 };
 use crate::common::{TestServer, config_dir, http_get, request, should_rate_limit};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -473,20 +473,7 @@ async fn health_follows_whether_a_domain_is_loaded() {
     let mut settings = Settings::for_tests(&dir);
     settings.require_config = true;
     let server = TestServer::start_unready(settings).await;
-    assert_eq!(
-        grpc_health(&server, "ratelimit").await,
-        ServingStatus::NotServing
-    );
-    write_config(&dir, "different-domain.yaml", DOMAINS[1].1);
-    eventually("serving once a domain is loaded", || async {
-        grpc_health(&server, "ratelimit").await == ServingStatus::Serving
-    })
-    .await;
-    std::fs::remove_file(dir.join("different-domain.yaml")).unwrap();
-    eventually("not serving once no domain is left", || async {
-        grpc_health(&server, "ratelimit").await == ServingStatus::NotServing
-    })
-    .await;
+    grpc_health_follows_the_file(&server, &dir, "different-domain.yaml", DOMAINS[1].1).await;
     assert_ne!(
         http_get(server.http_addr, "/healthcheck").await.unwrap().0,
         200

@@ -293,18 +293,12 @@ async fn sigterm_under_load_answers_every_request_and_exits_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_fail_at_once_while_requests_are_still_served() {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use crate::common::health::{Health, Status};
     let mut settings = Settings::for_tests(config_dir("shutdown-health", &[("r.yaml", FIVE)]));
     settings.shutdown_delay = Duration::from_secs(2);
     let server = TestServer::start_with(settings).await;
     let (http, mut client) = (server.http_addr, server.client().await);
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
+    let health = Health::connect(server.grpc_addr).await;
     let stopping = tokio::spawn(server.stop());
     crate::common::eventually_within(
         Duration::from_secs(1),
@@ -313,16 +307,9 @@ async fn health_checks_fail_at_once_while_requests_are_still_served() {
     )
     .await;
     for service in ["", "ratelimit"] {
-        let grpc_health = health
-            .check(HealthCheckRequest {
-                service: service.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
         assert_eq!(
-            grpc_health.status,
-            ServingStatus::NotServing as i32,
+            health.status(service).await,
+            Status::NotServing,
             "'{service}'"
         );
     }
@@ -334,40 +321,19 @@ async fn health_checks_fail_at_once_while_requests_are_still_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_healthy_with_at_least_one_config_loaded_health_waits_for_a_domain() {
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    use crate::common::health::{Health, Status};
     let dir = config_dir("needs-config", &[]);
     let mut settings = Settings::for_tests(&dir);
     settings.require_config = true;
     let server = TestServer::start_unready(settings).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let health = HealthClient::new(channel);
-    let grpc_status = |service: &'static str| {
-        let mut health = health.clone();
-        async move {
-            health
-                .check(HealthCheckRequest {
-                    service: service.into(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .status
-        }
-    };
+    let health = Health::connect(server.grpc_addr).await;
+    let grpc_status = |service: &'static str| health.status(service);
     // An empty directory: no domain in force, so unhealthy everywhere.
     assert_eq!(
         http_get(server.http_addr, "/healthcheck").await.unwrap(),
         (500, "no rate limit config loaded".to_owned())
     );
-    assert_eq!(
-        grpc_status("ratelimit").await,
-        ServingStatus::NotServing as i32
-    );
+    assert_eq!(grpc_status("ratelimit").await, Status::NotServing);
     // The first domain arrives: healthy, on both; /healthcheck in the same step that counts
     // the load (a probe that waits for the metric must not see 500 after it).
     let loads = || async {
@@ -382,13 +348,10 @@ async fn with_healthy_with_at_least_one_config_loaded_health_waits_for_a_domain(
         200
     );
     crate::common::eventually("gRPC health serving", || async {
-        grpc_status("").await == ServingStatus::Serving as i32
+        grpc_status("").await == Status::Serving
     })
     .await;
-    assert_eq!(
-        grpc_status("ratelimit").await,
-        ServingStatus::Serving as i32
-    );
+    assert_eq!(grpc_status("ratelimit").await, Status::Serving);
 }
 
 /// What the usage-budget docs state for a reload: a new limit on the same window keeps the

@@ -241,31 +241,18 @@ async fn json_endpoint_answers_200_429_and_400() {
 
 #[tokio::test]
 async fn grpc_health_is_serving() {
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    use crate::common::health::{Health, Status};
     let server = api().await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
+    let health = Health::connect(server.grpc_addr).await;
     // "ratelimit": the name envoyproxy/ratelimit registers, which probes written for it ask.
     for service in [
         "",
         "envoy.service.ratelimit.v3.RateLimitService",
         "ratelimit",
     ] {
-        let r = health
-            .check(HealthCheckRequest {
-                service: service.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
         assert_eq!(
-            r.status,
-            ServingStatus::Serving as i32,
+            health.status(service).await,
+            Status::Serving,
             "service '{service}'"
         );
     }

@@ -298,23 +298,36 @@ pub async fn grpc_health(
     server: &TestServer,
     service: &str,
 ) -> tonic_health::pb::health_check_response::ServingStatus {
-    use tonic_health::pb::HealthCheckRequest;
+    super::health::Health::connect(server.grpc_addr)
+        .await
+        .status(service)
+        .await
+}
+
+/// Over gRPC, `ratelimit` of `server` (whose config directory is `dir`, holding no domain)
+/// is not serving; serving once `file` holding `text` is written there; not serving again
+/// once it is removed.
+pub async fn grpc_health_follows_the_file(
+    server: &TestServer,
+    dir: &std::path::Path,
+    file: &str,
+    text: &str,
+) {
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let status = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: service.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status;
-    ServingStatus::try_from(status).unwrap_or(ServingStatus::Unknown)
+    assert_eq!(
+        grpc_health(server, "ratelimit").await,
+        ServingStatus::NotServing
+    );
+    write_config(dir, file, text);
+    eventually(&format!("serving once {file} is loaded"), || async {
+        grpc_health(server, "ratelimit").await == ServingStatus::Serving
+    })
+    .await;
+    std::fs::remove_file(dir.join(file)).unwrap();
+    eventually(&format!("not serving once {file} is gone"), || async {
+        grpc_health(server, "ratelimit").await == ServingStatus::NotServing
+    })
+    .await;
 }
 
 pub use super::eventually;
