@@ -336,14 +336,7 @@ fn envoy_gateways_tls_variables_require_client_certificates() {
     );
     // Every variable of Envoy Gateway's Deployment is read (tracing included: its collector
     // is absent here, which must cost the decisions below nothing).
-    assert!(
-        !served
-            .startup_log
-            .iter()
-            .any(|l| l.contains("set but not supported")),
-        "{:?}",
-        served.startup_log
-    );
+    served.assert_no_unsupported_variable();
     let check = |extra: &[&str]| {
         let mut args = vec!["check", "--addr", &served.grpc, "--domain", "cli"];
         args.extend(["--descriptor", "user=eg", "--tls-ca", &ca]);
@@ -497,10 +490,7 @@ fn empty_environment_variables_are_unset() {
     assert!(empty.iter().any(|(name, _)| *name == "DEBUG_PORT"));
     let served = SluiceProcess::spawn_as_reference(&dir, &[], &empty);
     assert!(
-        !served
-            .startup_log
-            .iter()
-            .any(|line| line.contains("on the debug listener too")),
+        !served.logged_at_startup("on the debug listener too"),
         "{:?}",
         served.startup_log
     );

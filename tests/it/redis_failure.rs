@@ -392,10 +392,7 @@ fn startup_retries_the_store_for_the_time_given_then_serves() {
         .count();
     assert!(retries >= 2, "{:?}", served.startup_log);
     assert!(
-        served
-            .startup_log
-            .iter()
-            .any(|l| l.contains("not ready after REDIS_STARTUP_MAX_ELAPSED_TIME")),
+        served.logged_at_startup("not ready after REDIS_STARTUP_MAX_ELAPSED_TIME"),
         "{:?}",
         served.startup_log
     );

@@ -9,8 +9,8 @@ use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
 
 use crate::common::redis::RedisServer;
-use crate::common::rlqs::{Stream, local, usage};
-use crate::common::{SluiceProcess, TestServer, config_dir};
+use crate::common::rlqs::{Stream, local, two_replicas, usage};
+use crate::common::{TestServer, config_dir};
 use sluice::settings::Settings;
 
 const RULES: &str = "
@@ -99,11 +99,7 @@ async fn a_newcomer_gets_its_floor_in_its_first_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn across_replicas_a_newcomer_gets_its_floor_in_its_first_answer() {
     let redis = RedisServer::start();
-    let dir = config_dir("rlqs-newcomer-fleet", &[("rq.yaml", RULES)]);
-    let (a, b) = (
-        SluiceProcess::on_redis(&dir, &redis, &[]),
-        SluiceProcess::on_redis(&dir, &redis, &[]),
-    );
+    let [a, b] = two_replicas("rlqs-newcomer-fleet", RULES, &redis);
     let _first = incumbent(a.grpc.parse().unwrap()).await;
     let rate = newcomers_first_rate(b.grpc.parse().unwrap()).await;
     assert_eq!(rate, 12, "the floor of two Envoys of 100 a second");

@@ -10,8 +10,8 @@ use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
 
 use crate::common::redis::RedisServer;
-use crate::common::rlqs::{Stream, local, usage};
-use crate::common::{SluiceProcess, TestServer, config_dir};
+use crate::common::rlqs::{Stream, local, two_replicas, usage};
+use crate::common::{TestServer, config_dir};
 use sluice::settings::Settings;
 
 const RULES: &str = "
@@ -93,11 +93,7 @@ async fn a_hundred_streams_from_one_address_get_what_one_envoy_gets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn across_replicas_an_honest_envoy_keeps_its_max_min_share() {
     let redis = RedisServer::start();
-    let dir = config_dir("rlqs-peers-fleet", &[("rq.yaml", RULES)]);
-    let (a, b) = (
-        SluiceProcess::on_redis(&dir, &redis, &[]),
-        SluiceProcess::on_redis(&dir, &redis, &[]),
-    );
+    let [a, b] = two_replicas("rlqs-peers-fleet", RULES, &redis);
     let hostile = hostile(a.grpc.parse().unwrap(), 100).await;
     let mut honest = Stream::open_from(b.grpc.parse().unwrap(), local(2))
         .await

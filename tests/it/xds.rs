@@ -368,14 +368,7 @@ async fn envoy_gateways_environment_works_unchanged() {
         ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
     ];
     let served = crate::common::SluiceProcess::spawn_with_env(&dir, &[], &env);
-    assert!(
-        !served
-            .startup_log
-            .iter()
-            .any(|l| l.contains("set but not supported")),
-        "{:?}",
-        served.startup_log
-    );
+    served.assert_no_unsupported_variable();
     plane.reply_to("1").await;
     let check = || {
         let descriptor = spec("rule-0-match-0");

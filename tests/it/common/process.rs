@@ -120,6 +120,21 @@ impl SluiceProcess {
         panic!("sluice serve exited before serving: {:?}", child.wait());
     }
 
+    /// Whether a line of its start-up log contains `text`.
+    pub fn logged_at_startup(&self, text: &str) -> bool {
+        self.startup_log.iter().any(|l| l.contains(text))
+    }
+
+    /// Asserts that its start-up log names no environment variable as set but not supported
+    /// (every variable it was given is read).
+    pub fn assert_no_unsupported_variable(&self) {
+        assert!(
+            !self.logged_at_startup("set but not supported"),
+            "{:?}",
+            self.startup_log
+        );
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let status = std::process::Command::new("kill")

@@ -12,7 +12,9 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 
+use super::SluiceProcess;
 use super::envoy::{self, Envoy};
+use super::redis::RedisServer;
 
 /// Sluice's rules for the RLQS tests' buckets `{name: <x>}` of domain `rq`: 10 a second each
 /// (a token bucket of 10, refilled by 10 a second).
@@ -22,6 +24,12 @@ descriptors:
   - key: name
     rate_limit: {unit: second, requests_per_unit: 10}
 ";
+
+/// Two `sluice serve` replicas on `redis` over a config directory (`name`) holding `rules`.
+pub fn two_replicas(name: &str, rules: &str, redis: &RedisServer) -> [SluiceProcess; 2] {
+    let dir = super::config_dir(name, &[("rq.yaml", rules)]);
+    [0, 1].map(|_| SluiceProcess::on_redis(&dir, redis, &[]))
+}
 
 /// The loopback address `127.0.0.<last>`: a client address of its own.
 pub fn local(last: u8) -> std::net::IpAddr {
