@@ -505,11 +505,16 @@ fn validate(args: &[&dyn AsRef<OsStr>]) -> Output {
         .unwrap()
 }
 
+/// Asserts that `out` exited with `code`, showing its stderr otherwise.
+fn assert_exit(out: &Output, code: i32) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+}
+
 #[test]
 fn validate_command_accepts_the_valid_directory() {
     let out = validate(&[&fixtures().join("valid")]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_exit(&out, 0);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "all rate limit configs ok"
@@ -520,13 +525,7 @@ fn validate_command_accepts_the_valid_directory() {
 fn validate_command_merges_domains_when_asked() {
     let dir = fixtures().join("duplicate_domain");
     assert_eq!(validate(&[&dir]).status.code(), Some(1));
-    let out = validate(&[&dir, &"--merge-domain-config"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&validate(&[&dir, &"--merge-domain-config"]), 0);
 }
 
 #[test]
@@ -535,12 +534,7 @@ fn validate_merge_flag_before_the_directory_is_a_switch() {
         &"--merge-domain-config",
         &fixtures().join("duplicate_domain"),
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 0);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::common::redis::{RedisCluster, RedisServer};
+use crate::common::redis::{RedisCluster, RedisServer, cluster_args};
 use crate::common::{SluiceProcess, config_dir};
 
 // A day-long window, so that no window boundary falls inside a test run.
@@ -46,14 +46,7 @@ async fn three_instances_on_one_redis_admit_exactly_the_limit() {
 async fn three_instances_on_a_redis_cluster_admit_exactly_the_limit() {
     let cluster = RedisCluster::start();
     let url = cluster.url();
-    let instances = fleet(&[
-        "--backend",
-        "redis",
-        "--redis-type",
-        "cluster",
-        "--redis-url",
-        &url,
-    ]);
+    let instances = fleet(&cluster_args(&url));
     expect(&drive(&instances, "bob").await, 100, 500);
 }
 

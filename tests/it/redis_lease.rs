@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use crate::common::process::clients;
-use crate::common::redis::{RedisCluster, RedisServer};
+use crate::common::redis::{RedisCluster, RedisServer, cluster_args};
 use crate::common::{SluiceProcess, config_dir, eventually, http_get, metric};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
@@ -48,6 +48,35 @@ async fn drive(
     concurrency: usize,
 ) -> HashMap<String, usize> {
     crate::common::drive(clients, "lease", entries, total, concurrency).await
+}
+
+/// One instance on `redis` over a config directory (`name`) holding `yaml`, started with
+/// `args`; and a client of it.
+async fn one_instance(
+    name: &str,
+    yaml: &str,
+    redis: &RedisServer,
+    args: &[&str],
+) -> (SluiceProcess, Vec<RateLimitServiceClient<Channel>>) {
+    let dir = config_dir(name, &[("lease.yaml", yaml)]);
+    let instance = SluiceProcess::on_redis(&dir, redis, args);
+    let clients = clients(std::slice::from_ref(&instance)).await;
+    (instance, clients)
+}
+
+/// `admitted` requests on `hot=<value>`, 8 at a time, are all admitted; the units held beyond
+/// them in a block (there are some).
+async fn admit_then_held(
+    clients: &[RateLimitServiceClient<Channel>],
+    redis: &RedisServer,
+    value: &str,
+    admitted: usize,
+) -> u64 {
+    let counts = drive(clients, &[("hot", value)], admitted, 8).await;
+    assert_eq!(counts["OK"], admitted);
+    let held = stored_count(&[redis], &format!("hot={value}|")) - admitted as u64;
+    assert!(held > 0, "a block is held");
+    held
 }
 
 /// The count Redis holds for the fixed-window counter whose key contains `needle`.
@@ -133,15 +162,7 @@ async fn three_leasing_instances_on_one_redis_never_admit_more_than_the_limit() 
 async fn three_leasing_instances_on_a_redis_cluster_never_admit_more_than_the_limit() {
     let cluster = RedisCluster::start();
     let url = cluster.url();
-    let store = [
-        "--backend",
-        "redis",
-        "--redis-type",
-        "cluster",
-        "--redis-url",
-        &url,
-    ];
-    let instances = fleet("lease-cluster", &store, &[]);
+    let instances = fleet("lease-cluster", &cluster_args(&url), &[]);
     let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
     never_over_and_nothing_lost(instances, &nodes, &[512, 1, 64]).await;
 }
@@ -200,24 +221,16 @@ async fn a_rolling_restart_hands_its_units_to_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_redis_is_away_the_block_in_hand_is_admitted_then_the_failure_mode_answers() {
     let redis = RedisServer::start();
-    let dir = config_dir(
+    let (_instance, clients) = one_instance(
         "lease-outage",
-        &[(
-            "lease.yaml",
-            "domain: lease\ndescriptors:\n  - key: hot\n    consistency: leased\n    failure_mode: deny\n    rate_limit: {unit: day, requests_per_unit: 2000}\n",
-        )],
-    );
-    let instance = SluiceProcess::on_redis(
-        &dir,
+        "domain: lease\ndescriptors:\n  - key: hot\n    consistency: leased\n    failure_mode: deny\n    rate_limit: {unit: day, requests_per_unit: 2000}\n",
         &redis,
         &["--lease-period", "60s", "--redis-deadline", "200ms"],
-    );
-    let clients = clients(std::slice::from_ref(&instance)).await;
+    )
+    .await;
     // Ramp up: the block grows to a lease period's worth at this rate, at most half of what
     // is left.
-    assert_eq!(drive(&clients, &[("hot", "x")], 200, 8).await["OK"], 200);
-    let held = stored_count(&[&redis], "hot=x|") - 200;
-    assert!(held > 0);
+    let held = admit_then_held(&clients, &redis, "x", 200).await;
     redis.pause();
     // The units in hand are admitted with Redis paused; past them, deny.
     let counts = drive(&clients, &[("hot", "x")], held as usize, 8).await;
@@ -294,22 +307,14 @@ fn concurrency_cannot_be_leased() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn units_held_through_a_redis_restart_are_handed_back_when_it_returns() {
     let mut redis = RedisServer::start();
-    let dir = config_dir(
+    let (instance, clients) = one_instance(
         "lease-redis-restart",
-        &[(
-            "lease.yaml",
-            "domain: lease\ndescriptors:\n  - key: hot\n    consistency: leased\n    rate_limit: {unit: day, requests_per_unit: 3000}\n",
-        )],
-    );
-    let instance = SluiceProcess::on_redis(
-        &dir,
+        "domain: lease\ndescriptors:\n  - key: hot\n    consistency: leased\n    rate_limit: {unit: day, requests_per_unit: 3000}\n",
         &redis,
         &["--lease-period", "1s", "--redis-deadline", "500ms"],
-    );
-    let clients = clients(std::slice::from_ref(&instance)).await;
-    assert_eq!(drive(&clients, &[("hot", "r")], 300, 8).await["OK"], 300);
-    let held = stored_count(&[&redis], "hot=r|") - 300;
-    assert!(held > 0, "a block is held");
+    )
+    .await;
+    let held = admit_then_held(&clients, &redis, "r", 300).await;
     // Persisted, then gone: the block's period ends while Redis is away.
     redis.command(&["SAVE"]);
     redis.kill();

@@ -266,6 +266,18 @@ impl RedisCluster {
     }
 }
 
+/// The `sluice serve` arguments that count on the Redis Cluster whose seed list is `url`.
+pub fn cluster_args(url: &str) -> [&str; 6] {
+    [
+        "--backend",
+        "redis",
+        "--redis-type",
+        "cluster",
+        "--redis-url",
+        url,
+    ]
+}
+
 /// Sends a command in RESP and reads what arrives within a short time.
 fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
