@@ -96,15 +96,10 @@ pub async fn admin(server: &TestServer) -> AdminClient<Channel> {
         .unwrap()
 }
 
-pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+/// A descriptor of the admin API from `k=v` pairs.
+pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
+        entries: super::entries(pairs, |key, value| Entry { key, value }),
         limit: None,
     }
 }

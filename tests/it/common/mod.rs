@@ -366,16 +366,19 @@ pub fn eventually_blocking(what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// `k=v` pairs as the entries of a descriptor, made by `entry` from a key and a value (one
+/// helper for Envoy's descriptor and the admin API's).
+pub fn entries<E>(pairs: &[(&str, &str)], entry: impl Fn(String, String) -> E) -> Vec<E> {
+    pairs
+        .iter()
+        .map(|(k, v)| entry((*k).into(), (*v).into()))
+        .collect()
+}
+
 /// A descriptor from `k=v` pairs.
-pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
+        entries: entries(pairs, |key, value| Entry { key, value }),
         ..Default::default()
     }
 }
