@@ -4,7 +4,7 @@
 
 use crate::common::admin::{admin, descriptor, settings, token_file, with_token};
 use crate::common::certs::{server_tls, tls_endpoint};
-use crate::common::{SluiceProcess, TestServer, config_dir, http, http_get, metric, temp_dir};
+use crate::common::{SluiceProcess, TestServer, config_dir, http, http_get, metric};
 use sluice::admin::ResetSettings;
 use sluice::admin::api::proto::{CountersRequest, admin_client::AdminClient};
 use tonic::Code;
@@ -93,8 +93,7 @@ async fn resets_are_refused_unless_enabled_and_need_the_token() {
 
 #[tokio::test]
 async fn a_client_certificate_for_the_named_san_may_reset_on_the_mutual_tls_port() {
-    let certs = temp_dir("admin-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("admin-certs");
     for (san, admitted) in [("client.sluice.test", true), ("ops.sluice.test", false)] {
         let mut settings = settings(ResetSettings {
             token_file: None,

@@ -236,8 +236,7 @@ async fn a_second_signal_skips_the_shutdown_delay() {
 
 #[test]
 fn check_and_bench_reach_a_server_that_requires_mutual_tls() {
-    let certs = crate::common::temp_dir("cli-tls-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("cli-tls-certs");
     let file = |name: &str| certs.join(name).to_str().unwrap().to_owned();
     let dir = crate::common::config_dir("cli-tls", &[("c.yaml", CONFIG)]);
     let mut served = SluiceProcess::spawn(
@@ -314,8 +313,7 @@ fn check_and_bench_reach_a_server_that_requires_mutual_tls() {
 /// support is named in one warning line.
 #[test]
 fn envoy_gateways_tls_variables_require_client_certificates() {
-    let certs = crate::common::temp_dir("cli-eg-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("cli-eg-certs");
     let file = |name: &str| certs.join(name).to_str().unwrap().to_owned();
     let dir = crate::common::config_dir("cli-eg", &[("c.yaml", CONFIG)]);
     let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::certs::{server_tls, tls_endpoint};
-use crate::common::{TestServer, config_dir, descriptor, request, temp_dir};
+use crate::common::{TestServer, config_dir, descriptor, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::settings::Settings;
 
@@ -41,8 +41,7 @@ async fn ask(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_admits_clients_that_trust_the_ca_only() {
-    let certs = temp_dir("tls-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("tls-certs");
     let server = tls_server(&certs, false).await;
     assert_eq!(ask(&server, Some(&certs), None).await, Ok(8));
     assert!(
@@ -63,8 +62,7 @@ async fn tls_admits_clients_that_trust_the_ca_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_requires_a_client_certificate() {
-    let certs = temp_dir("mtls-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("mtls-certs");
     let server = tls_server(&certs, true).await;
     assert!(
         ask(&server, Some(&certs), None).await.is_err(),
@@ -75,13 +73,11 @@ async fn mutual_tls_requires_a_client_certificate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotated_certificates_are_used_without_a_restart() {
-    let certs = temp_dir("rotate-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("rotate-certs");
     let server = tls_server(&certs, false).await;
     assert_eq!(ask(&server, Some(&certs), None).await, Ok(8));
     // A new CA and server certificate replace the files in place.
-    let next = temp_dir("rotate-next");
-    crate::common::certs::make(&next);
+    let next = crate::common::certs::fresh("rotate-next");
     for file in ["server.crt", "server.key"] {
         let temp = certs.join(format!(".{file}"));
         std::fs::copy(next.join(file), &temp).unwrap();
@@ -100,8 +96,7 @@ async fn rotated_certificates_are_used_without_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_completes_the_tls_handshake_is_closed() {
     use tokio::io::AsyncReadExt as _;
-    let certs = temp_dir("tls-silent-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("tls-silent-certs");
     let mut settings = tls_settings(&certs, false);
     settings.grpc_connections.handshake_timeout = Duration::from_millis(300);
     let server = TestServer::start_with(settings).await;
@@ -120,8 +115,7 @@ async fn a_client_that_never_completes_the_tls_handshake_is_closed() {
 /// `GRPC_CLIENT_TLS_SAN`: a client certificate from the CA must also be valid for that name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_with_a_san_admits_only_certificates_for_that_name() {
-    let certs = temp_dir("mtls-san-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("mtls-san-certs");
     let with_san = |san: &str| {
         let mut settings = tls_settings(&certs, true);
         settings.grpc_tls.as_mut().unwrap().client_san = Some(san.into());
@@ -138,8 +132,7 @@ async fn mutual_tls_with_a_san_admits_only_certificates_for_that_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rlqs_streams_take_the_same_mutual_tls() {
-    let certs = temp_dir("rlqs-mtls-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("rlqs-mtls-certs");
     let server = tls_server(&certs, true).await;
     let channel = |identity: bool| {
         let identity = identity.then_some(certs.as_path());

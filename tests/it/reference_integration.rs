@@ -22,7 +22,7 @@ use crate::common::redis::{
 use crate::common::reference::{
     RuleStats, answer, counter, no_limit, req, rule_stats, status, wait_for_counter, write_config,
 };
-use crate::common::{TestServer, config_dir, descriptor, request, should_rate_limit, temp_dir};
+use crate::common::{TestServer, config_dir, descriptor, request, should_rate_limit};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -90,11 +90,7 @@ type Client = RateLimitServiceClient<tonic::transport::Channel>;
 /// file that only read them (making them takes about a second).
 fn shared_certs() -> &'static Path {
     static CERTS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    CERTS.get_or_init(|| {
-        let dir = temp_dir("integration-certs");
-        crate::common::certs::make(&dir);
-        dir
-    })
+    CERTS.get_or_init(|| crate::common::certs::fresh("integration-certs"))
 }
 
 // === stores ===
@@ -511,8 +507,7 @@ async fn mutual_tls_serves_a_client_with_a_certificate() {
 /// new CA is trusted (within ten seconds) and the old one no longer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_server_certificates_are_reloaded() {
-    let initial = temp_dir("integration-certs-initial");
-    crate::common::certs::make(&initial);
+    let initial = crate::common::certs::fresh("integration-certs-initial");
     let new = shared_certs();
     let server = TestServer::start_with(tls_settings(&initial, false)).await;
     assert!(ask_over_tls(&server, &initial, None).await.is_ok());

@@ -247,8 +247,7 @@ async fn with_force_start_it_serves_at_once_and_errors_until_the_first_config() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_plane_is_reached_over_mutual_tls() {
-    let certs = crate::common::temp_dir("xds-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("xds-certs");
     let plane = Running::start_mutual_tls(&certs).await;
     plane.serve("1", &[gateway(2)]);
     let tls = |cert: bool| sluice::source::xds::XdsTls {
@@ -335,8 +334,7 @@ async fn a_response_over_the_size_limit_changes_nothing() {
 /// mutual TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_gateways_environment_works_unchanged() {
-    let certs = crate::common::temp_dir("xds-eg-certs");
-    crate::common::certs::make(&certs);
+    let certs = crate::common::certs::fresh("xds-eg-certs");
     let file = |name: &str| certs.join(name).to_str().unwrap().to_owned();
     let plane = Running::start_mutual_tls(&certs).await;
     plane.only_for("envoy-ratelimit");

@@ -21,6 +21,13 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// A fresh directory (named after `name`) holding what [`make`] writes.
+pub fn fresh(name: &str) -> std::path::PathBuf {
+    let dir = super::temp_dir(name);
+    make(&dir);
+    dir
+}
+
 /// Writes `ca.crt`/`ca.key`, `server.crt`/`server.key` (for `localhost` and 127.0.0.1) and
 /// `client.crt`/`client.key` (for `client.sluice.test`) into `dir`. Extensions make X.509 v3 certificates (rustls rejects v1).
 pub fn make(dir: &Path) {

@@ -377,8 +377,7 @@ pub struct TlsRedisServer {
 impl TlsRedisServer {
     /// Makes certificates for it, starts it and waits until it answers PING over TLS.
     pub fn start() -> Self {
-        let certs = super::temp_dir("tls-redis");
-        super::certs::make(&certs);
+        let certs = super::certs::fresh("tls-redis");
         let mut server = Self::start_in(&certs, None);
         server.own_certs = true;
         server
