@@ -162,14 +162,20 @@ async fn a_message_that_never_arrives_ends_at_its_deadline() {
     fresh_client_answers(&process.grpc).await;
 }
 
+/// Test settings over [`CONFIG`] (a directory named after `name`), counting on `redis`.
+fn on_redis(name: &str, redis: &crate::common::redis::RedisServer) -> Settings {
+    let mut settings = Settings::for_tests(config_dir(name, &[("c.yaml", CONFIG)]));
+    settings.backend = Backend::Redis;
+    settings.redis = Some(RedisOptions::new(redis.url(), RedisKind::Single));
+    settings
+}
+
 /// Every turn taken with requests waiting: counted, and after a few seconds readiness (not
 /// liveness) fails, until the requests are through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn saturation_shows_in_a_metric_and_in_readiness() {
     let redis = crate::common::redis::RedisServer::start();
-    let mut settings = Settings::for_tests(config_dir("turns-busy", &[("c.yaml", CONFIG)]));
-    settings.backend = Backend::Redis;
-    settings.redis = Some(RedisOptions::new(redis.url(), RedisKind::Single));
+    let mut settings = on_redis("turns-busy", &redis);
     settings.resilience = ResilienceOptions {
         deadline: Duration::from_secs(2),
         breaker_failures: 100,
@@ -213,9 +219,7 @@ async fn saturation_shows_in_a_metric_and_in_readiness() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_connection_is_served_before_a_greedy_ones_queue() {
     let redis = crate::common::redis::RedisServer::start();
-    let mut settings = Settings::for_tests(config_dir("turns-fair", &[("c.yaml", CONFIG)]));
-    settings.backend = Backend::Redis;
-    settings.redis = Some(RedisOptions::new(redis.url(), RedisKind::Single));
+    let mut settings = on_redis("turns-fair", &redis);
     let deadline = Duration::from_millis(500);
     settings.resilience = ResilienceOptions {
         deadline,
