@@ -303,6 +303,7 @@ impl Limiter {
                 statuses.push(DescriptorStatus {
                     code: Code::Ok,
                     limit: None,
+                    rule: None,
                     remaining: if matches!(plan, Plan::Unlimited) {
                         UNLIMITED_REMAINING
                     } else {

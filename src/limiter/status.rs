@@ -76,6 +76,7 @@ pub(super) fn status(
         return DescriptorStatus {
             code: Code::Ok,
             limit: None,
+            rule: None,
             remaining: 0,
             reset_after: None,
             hidden,
@@ -88,6 +89,12 @@ pub(super) fn status(
             Code::Ok
         },
         limit: reported(limit),
+        rule: Some(
+            limit
+                .name
+                .clone()
+                .unwrap_or_else(|| described.policy.to_owned()),
+        ),
         remaining: clamp_u32(remaining(limit, decision)),
         reset_after: Some(wait(decision)),
         hidden,

@@ -177,6 +177,9 @@ pub struct DescriptorStatus {
     pub code: Code,
     /// The limit that applied, if any.
     pub limit: Option<ReportedLimit>,
+    /// The rule that decided it, as the dynamic metadata names it: its limit's `name:` when
+    /// set, else the rule's stats key; `None` when no limit applied.
+    pub rule: Option<String>,
     /// Hits left before the limit (4294967295 for `unlimited`).
     pub remaining: u32,
     /// When over the limit: the time until the hits could pass; otherwise the time until the

@@ -204,6 +204,7 @@ mod tests {
             .map(|l| DescriptorStatus {
                 code: if l.over { Code::OverLimit } else { Code::Ok },
                 limit: None,
+                rule: None,
                 remaining: l.remaining as u32,
                 reset_after: Some(l.reset_after),
                 hidden: false,

@@ -3,10 +3,16 @@
 //!
 //! ```text
 //! domain: "api"
-//! descriptors: [{entries: ["api_key=a"], limit: "requests_per_unit:10 unit:MINUTE", hitsAddend: 2}]
+//! descriptors: [{entries: ["api_key=a"], limit: "requests_per_unit:10 unit:MINUTE", hitsAddend: 2,
+//!                code: "OVER_LIMIT", limitName: "api.api_key"}]
 //! hitsAddend: 3                      (the request's, when not 0)
 //! metadata: {...}                    (merged `metadata` of the rules not over the limit)
 //! ```
+//!
+//! Each descriptor's `code` (`OK`, `OVER_LIMIT`) and `limitName` (the rule that decided it:
+//! its limit's `name:`, else its stats key; absent when no limit applied) are the fields the
+//! reference is adding (envoyproxy/ratelimit#1239), so an access log can say which rule
+//! refused a request.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -14,6 +20,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
 
+use crate::limiter::{Code, DescriptorStatus};
 use crate::policy::MetaValue;
 
 /// What the Struct says about the request, taken before the request is converted.
@@ -60,11 +67,22 @@ impl RequestSummary {
         }
     }
 
-    /// The dynamic metadata Struct.
-    pub fn into_struct(self, metadata: Option<&BTreeMap<String, MetaValue>>) -> Struct {
+    /// The dynamic metadata Struct, each descriptor with its status in `statuses` (in the
+    /// request's order).
+    pub fn into_struct(
+        self,
+        statuses: &[DescriptorStatus],
+        metadata: Option<&BTreeMap<String, MetaValue>>,
+    ) -> Struct {
         let mut fields = HashMap::new();
         fields.insert("domain".to_owned(), string(self.domain));
-        fields.insert("descriptors".to_owned(), list(self.descriptors));
+        let descriptors = self
+            .descriptors
+            .into_iter()
+            .zip(statuses)
+            .map(|(described, status)| with_status(described, status))
+            .collect();
+        fields.insert("descriptors".to_owned(), list(descriptors));
         if self.hits_addend != 0 {
             fields.insert("hitsAddend".to_owned(), number(f64::from(self.hits_addend)));
         }
@@ -76,6 +94,25 @@ impl RequestSummary {
         }
         Struct { fields }
     }
+}
+
+/// A descriptor's Struct with its `code` and `limitName` added.
+fn with_status(mut described: Value, status: &DescriptorStatus) -> Value {
+    if let Some(Kind::StructValue(fields)) = &mut described.kind {
+        let code = match status.code {
+            Code::Ok => "OK",
+            Code::OverLimit => "OVER_LIMIT",
+        };
+        fields
+            .fields
+            .insert("code".to_owned(), string(code.to_owned()));
+        if let Some(rule) = &status.rule {
+            fields
+                .fields
+                .insert("limitName".to_owned(), string(rule.clone()));
+        }
+    }
+    described
 }
 
 fn meta(value: &MetaValue) -> Value {

@@ -177,7 +177,8 @@ impl RlsService {
             .map_err(status_from_error)?;
         told.decided(&response);
         let mut proto = convert::response_to_proto(&response, &self.options);
-        proto.dynamic_metadata = summary.map(|s| s.into_struct(response.metadata.as_ref()));
+        proto.dynamic_metadata =
+            summary.map(|s| s.into_struct(&response.statuses, response.metadata.as_ref()));
         Ok(proto)
     }
 }

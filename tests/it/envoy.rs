@@ -202,3 +202,48 @@ async fn rules_pushed_over_xds_are_what_envoy_enforces() {
     }
     assert_eq!(get(&envoy, "xds-b").await.0, 429);
 }
+
+/// Which rule refused a request, in Envoy 1.40's access log: with `RESPONSE_DYNAMIC_METADATA`
+/// each descriptor of `%DYNAMIC_METADATA(envoy.filters.http.ratelimit:descriptors)%` carries
+/// its `code` and `limitName` (the limit's `name:`, here `per_key`; else the rule's stats key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_refusing_rule_is_in_envoys_access_log() {
+    let dir = crate::common::config_dir("envoy-access-log", &[("edge.yaml", CONFIG)]);
+    let log = dir.join("access.log");
+    let mut settings = sluice::settings::Settings::for_tests(dir.clone());
+    settings.response.dynamic_metadata = true;
+    let sluice = TestServer::start_with(settings).await;
+    let (envoy, front) = Bootstrap::new(sluice.grpc_addr.port())
+        .connection_manager(&format!(
+            r#"          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {}
+              log_format:
+                text_format_source:
+                  inline_string: "%RESPONSE_CODE% %DYNAMIC_METADATA(envoy.filters.http.ratelimit:descriptors)%\n""#,
+            log.display()
+        ))
+        .start()
+        .await;
+    let edge = Edge {
+        _envoy: envoy,
+        front,
+    };
+    for _ in 0..3 {
+        get(&edge, "logged").await;
+    }
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    crate::common::eventually("Envoy writes the three requests", || async {
+        lines().lines().count() >= 3
+    })
+    .await;
+    let text = lines();
+    let last: Vec<&str> = text.lines().collect();
+    assert!(last[0].starts_with("200 "), "{text}");
+    assert!(last[0].contains(r#""code":"OK""#), "{text}");
+    assert!(last[2].starts_with("429 "), "{text}");
+    assert!(last[2].contains(r#""code":"OVER_LIMIT""#), "{text}");
+    assert!(last[2].contains(r#""limitName":"per_key""#), "{text}");
+}
