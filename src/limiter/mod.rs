@@ -384,7 +384,14 @@ impl Limiter {
         limit: &RateLimit,
         (domain_mode, domain_consistency): (Option<FailureMode>, Option<Consistency>),
     ) -> CounterOp {
-        let algorithm_limit = limit.algorithm_limit();
+        let mut algorithm_limit = limit.algorithm_limit();
+        // A shadow rule counts every hit, past its limit too (as the reference counts every
+        // hit), so that what a lower or higher limit would refuse is measured while nothing
+        // is refused: its counter records refused charges as a usage budget's does. Switched
+        // to enforce, the same counter refuses until the count falls back under the limit.
+        if rule.is_some_and(|r| r.shadow_mode) && algorithm_limit.algorithm.takes_overdraft() {
+            algorithm_limit.overdraft = true;
+        }
         // `share_threshold` levels count under their pattern, so all matching values share
         // one counter; every other level counts per runtime value.
         // A `priorities` rule counts every class of its last entry on one counter.

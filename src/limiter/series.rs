@@ -462,8 +462,14 @@ impl RuleSeries {
             }
             return;
         }
-        // A refused counter was not charged: its remaining is what it had before.
-        let before = quota.saturating_sub(d.remaining);
+        // A refused counter was not charged: its remaining is what it had before; a shadow
+        // rule's counter records the refused charge, and its count past the limit is the
+        // decision's overdraft.
+        let before = if event.rule.is_some_and(|r| r.shadow_mode) && d.overdraft > 0 {
+            quota.saturating_add(d.overdraft).saturating_sub(hits)
+        } else {
+            quota.saturating_sub(d.remaining)
+        };
         let (over, near_hits) = if before >= quota {
             (hits, 0)
         } else {

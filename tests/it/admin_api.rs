@@ -400,3 +400,35 @@ async fn get_and_reset_reach_every_cluster_slot_and_the_per_second_redis() {
     assert!(fast.command(&["KEYS", "*"]).starts_with("*0"));
     assert!(main.command(&["KEYS", "*"]).starts_with("*0"));
 }
+
+/// A shadow rule counts every hit, past its limit too (the probe: 5 hits on a shadow rule of
+/// 2 showed `used` 2): what a lower or higher limit would refuse is measured while nothing is
+/// refused. On the memory store and on Redis (with the over-limit cache on, its default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_rule_counts_every_hit_past_its_limit() {
+    const SHADOW: &str = "domain: sh
+descriptors:
+  - key: k
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+    let redis = RedisServer::start();
+    let memory = Settings::for_tests(config_dir("admin-shadow", &[("sh.yaml", SHADOW)]));
+    let on_redis = on_redis(
+        Settings::for_tests(config_dir("admin-shadow-redis", &[("sh.yaml", SHADOW)])),
+        &redis,
+    );
+    for settings in [memory, on_redis] {
+        let server = TestServer::start_with(settings).await;
+        let sh = server.domain("sh");
+        for _ in 0..5 {
+            assert!(sh.hit("k=x").await.is_ok(), "a shadow rule refuses nothing");
+        }
+        let (status, text) = http_get(server.http_addr, "/counters?domain=sh&entry=k=x")
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{text}");
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["counters"][0]["used"], "5", "{text}");
+    }
+}
