@@ -38,6 +38,8 @@ use tonic::transport::Channel;
 /// A fresh, empty directory under the system temp dir.
 pub fn temp_dir(name: &str) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(sweep_temp_dirs);
     let dir = std::env::temp_dir().join(format!(
         "sluice-test-{}-{}-{}",
         name,
@@ -47,6 +49,28 @@ pub fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Removes the directories earlier test runs left in the temporary directory (those of test
+/// processes no longer running), so that runs do not pile them up.
+fn sweep_temp_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("sluice-test-") else {
+            continue;
+        };
+        // `<name>-<pid>-<n>`: the process is the next to last part.
+        let pid = rest.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && pid != std::process::id()
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// Writes `files` (name, YAML) into a fresh config directory.
