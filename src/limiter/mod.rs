@@ -8,6 +8,7 @@ mod inspect;
 mod observe;
 pub mod series;
 mod status;
+pub mod top;
 mod types;
 
 use std::borrow::Cow;
