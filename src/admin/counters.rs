@@ -270,7 +270,7 @@ fn parameters<'q>(query: &'q str, once: &[&str]) -> Result<Vec<(&'q str, String)
     Ok(parameters)
 }
 
-fn percent_decode(text: &str) -> Result<String, String> {
+pub(super) fn percent_decode(text: &str) -> Result<String, String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -16,6 +16,7 @@ pub mod api;
 pub mod counters;
 pub mod json;
 mod reset;
+mod top;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -70,6 +71,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/explain", post(counters::explain))
         .route("/counters", get(counters::get).delete(counters::delete))
+        .route("/top", get(top::get))
         .with_state(state)
 }
 

@@ -6,6 +6,7 @@
 
 mod inspect;
 mod observe;
+pub mod refused;
 pub mod series;
 mod status;
 pub mod top;
@@ -19,6 +20,7 @@ use arc_swap::ArcSwap;
 
 pub use inspect::{CounterState, Explained, ExplainedLimit, Explanation, Outcome, Step};
 pub use observe::{LimitEvent, NoObserver, Observer};
+pub use refused::RefusedKeys;
 pub use series::RuleSeries;
 use status::{Described, merged_metadata, override_key, status};
 pub use types::{
@@ -103,6 +105,8 @@ pub struct Limiter {
     store: Arc<dyn Store>,
     options: LimiterOptions,
     observer: Arc<dyn Observer>,
+    /// Each rule's top refused keys.
+    refused: RefusedKeys,
 }
 
 /// What one descriptor resolved to.
@@ -141,6 +145,7 @@ impl Limiter {
             store,
             options,
             observer: Arc::new(NoObserver),
+            refused: RefusedKeys::default(),
         }
     }
 
@@ -157,9 +162,20 @@ impl Limiter {
         self.policy.load_full()
     }
 
+    /// Each rule's top refused keys (`GET /top`).
+    pub fn refused(&self) -> &RefusedKeys {
+        &self.refused
+    }
+
     /// Replaces the policy as a whole; requests in flight finish on the old one.
     pub fn set_policy(&self, policy: Arc<Policy>) {
         self.observer.policy_swapped(&policy);
+        let kept: HashSet<&str> = policy
+            .rules()
+            .iter()
+            .map(|r| r.stats_key.as_str())
+            .collect();
+        self.refused.retain(|rule| kept.contains(rule));
         self.policy.store(policy);
     }
 
@@ -372,6 +388,20 @@ impl Limiter {
                 from_cache: cached.contains(&&op.key),
                 charged: admitted || crate::algorithm::applies_unconditionally(&op.limit, op.hits),
             });
+            if let Some(rule) = rule.filter(|_| !decision.allowed && descriptor.hits > 0) {
+                let key = descriptor
+                    .entries
+                    .iter()
+                    .map(|e| format!("{}={}", e.key, e.value))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                self.refused.refused(
+                    (&request.domain, &rule.stats_key, rule.shadow_mode),
+                    limit.window(),
+                    &key,
+                    descriptor.hits as u64,
+                );
+            }
         }
     }
 

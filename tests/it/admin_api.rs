@@ -432,3 +432,59 @@ descriptors:
         assert_eq!(json["counters"][0]["used"], "5", "{text}");
     }
 }
+
+/// `GET /top`: a rule's top refused keys over its current window, heaviest first, with what
+/// each had refused; a shadow rule's are the keys it would refuse. Bad parameters are 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_top_refused_keys_of_a_rule_are_served_as_json() {
+    const RULES: &str = "domain: t
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+    let server = TestServer::start_with(Settings::for_tests(config_dir(
+        "admin-top",
+        &[("t.yaml", RULES)],
+    )))
+    .await;
+    let t = server.domain("t");
+    for (key, times) in [("user=a", 4), ("user=b", 2), ("user=c", 1), ("trial=x", 3)] {
+        for _ in 0..times {
+            t.hit(key).await;
+        }
+    }
+    let (status, text) = http_get(server.http_addr, "/top?domain=t").await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rules = json["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 2, "{text}");
+    let trial = &rules[0];
+    assert_eq!(
+        (trial["rule"].as_str(), trial["shadow"].as_bool()),
+        (Some("t.trial"), Some(true))
+    );
+    assert_eq!(trial["windows"][0]["keys"][0]["key"], "trial=x", "{text}");
+    assert_eq!(trial["windows"][0]["keys"][0]["refused"], 2, "{text}");
+    let user = &rules[1];
+    assert_eq!(user["window_seconds"], 3600.0, "{text}");
+    let keys: Vec<(&str, u64)> = user["windows"][0]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["key"].as_str().unwrap(), k["refused"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(keys, [("user=a", 3), ("user=b", 1)], "{text}");
+    assert_eq!(user["windows"][0]["refused_hits"], 4, "{text}");
+    for bad in [
+        "/top?n=0",
+        "/top?n=101",
+        "/top?domain=t&domain=u",
+        "/top?who=me",
+    ] {
+        let (status, text) = http_get(server.http_addr, bad).await.unwrap();
+        assert_eq!(status, 400, "{bad}: {text}");
+    }
+}
