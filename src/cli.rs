@@ -8,6 +8,7 @@ use crate::settings::ServeArgs;
 use crate::tools::admin::{CountersArgs, ExplainArgs};
 use crate::tools::bench::BenchArgs;
 use crate::tools::check::CheckArgs;
+use crate::tools::top::TopArgs;
 
 /// Sluice: a global rate limit service for Envoy.
 #[derive(Debug, Parser)]
@@ -52,6 +53,8 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Read (get) or clear (reset) the counters of one descriptor
     Counters(CountersArgs),
+    /// Each rule's top refused keys, from one instance or merged over several
+    Top(TopArgs),
     /// Drive load at a server and print requests/s and latency percentiles
     Bench(BenchArgs),
     /// Serve an always-OK RateLimitService: the transport's ceiling for benchmarks

@@ -110,6 +110,10 @@ async fn run() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => tool_error(e),
         },
+        Command::Top(args) => match sluice::tools::top::run(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => tool_error(e),
+        },
         Command::Bench(args) => match bench::run(args.clone()).await {
             Ok(report) if args.json => {
                 let _ = writeln!(std::io::stdout(), "{}", report.to_json());

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod bench;
 pub mod check;
 pub mod flood;
+pub mod top;
 pub mod trivial;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{

@@ -643,3 +643,61 @@ fn a_mogrifier_naming_a_group_by_name_stops_startup() {
         "{stderr}"
     );
 }
+
+/// `sluice top` over two instances: one list of each rule's refused keys, a key's counts
+/// added up over the instances (each instance's floor standing in where it does not list the
+/// key, 0 here); the text form names the rule; an instance that cannot be reached is an error
+/// naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_merges_the_refused_keys_of_several_instances() {
+    const RULES: &str = "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let one = crate::common::TestServer::start(&[("t.yaml", RULES)]).await;
+    let two = crate::common::TestServer::start(&[("t.yaml", RULES)]).await;
+    for (server, key, times) in [
+        (&one, "user=a", 4),
+        (&one, "user=b", 2),
+        (&two, "user=a", 3),
+        (&two, "user=c", 2),
+    ] {
+        for _ in 0..times {
+            server.domain("t").hit(key).await;
+        }
+    }
+    let (a, b) = (one.http_addr.to_string(), two.http_addr.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        sluice(&["top", "--addr", &a, "--addr", &b, "--domain", "t", "--json"])
+    })
+    .await
+    .unwrap();
+    let stdout = succeeded(&out, "top --json");
+    let json: serde_json::Value = serde_json::from_str(stdout.trim()).expect(&stdout);
+    assert_eq!(json["instances"], 2, "{json}");
+    let window = &json["rules"][0]["windows"][0];
+    let keys: Vec<(&str, u64)> = window["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["key"].as_str().unwrap(), k["refused"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        keys,
+        [("user=a", 5), ("user=b", 1), ("user=c", 1)],
+        "{json}"
+    );
+    assert_eq!(window["refused_hits"], 7, "{json}");
+    let a = one.http_addr.to_string();
+    let out = tokio::task::spawn_blocking(move || sluice(&["top", "--addr", &a]))
+        .await
+        .unwrap();
+    let text = succeeded(&out, "top");
+    assert!(text.contains("t.user (window 3600.0 s)"), "{text}");
+    assert!(text.contains("user=a"), "{text}");
+    let out = tokio::task::spawn_blocking(|| sluice(&["top", "--addr", "127.0.0.1:1"]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("127.0.0.1:1"),
+        "{out:?}"
+    );
+}
