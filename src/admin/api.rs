@@ -102,6 +102,31 @@ impl Admin for AdminService {
         Ok(Response::new(bucket_to_proto(request.domain, &view)))
     }
 
+    async fn top_refused(
+        &self,
+        request: Request<proto::TopRequest>,
+    ) -> Result<Response<proto::TopResponse>, Status> {
+        let request = request.into_inner();
+        let n = match request.n {
+            0 => 20,
+            n @ 1..=100 => n as usize,
+            n => {
+                return Err(Status::invalid_argument(format!(
+                    "n must be from 1 to 100, not {n}"
+                )));
+            }
+        };
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let (domain, rule) = (some(&request.domain), some(&request.rule));
+        let view = self
+            .limiter
+            .refused()
+            .view(domain.as_deref(), rule.as_deref(), n);
+        Ok(Response::new(proto::TopResponse {
+            rules: view.iter().map(rule_top_to_proto).collect(),
+        }))
+    }
+
     async fn reset_counters(
         &self,
         request: Request<proto::CountersRequest>,
@@ -358,4 +383,32 @@ pub fn bucket_to_proto(
             .collect();
     }
     answer
+}
+
+/// One rule's top refused keys as the admin API says them.
+pub fn rule_top_to_proto(top: &crate::limiter::refused::RuleTop) -> proto::RuleTop {
+    proto::RuleTop {
+        domain: top.domain.clone(),
+        rule: top.rule.clone(),
+        shadow: top.shadow,
+        window_seconds: top.window as f64 / crate::algorithm::SECOND as f64,
+        windows: top
+            .windows
+            .iter()
+            .map(|w| proto::WindowTop {
+                start: w.start / crate::algorithm::SECOND,
+                refused_hits: w.total,
+                floor: w.floor,
+                keys: w
+                    .keys
+                    .iter()
+                    .map(|k| proto::RefusedKey {
+                        key: k.key.clone(),
+                        refused: k.count,
+                        error: k.error,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
 }

@@ -487,4 +487,30 @@ descriptors:
         let (status, text) = http_get(server.http_addr, bad).await.unwrap();
         assert_eq!(status, 400, "{bad}: {text}");
     }
+    // The same over the gRPC admin API.
+    let mut client = admin(&server).await;
+    let top = client
+        .top_refused(proto::TopRequest {
+            domain: "t".into(),
+            rule: "t.user".into(),
+            n: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(top.rules.len(), 1, "{top:?}");
+    let window = &top.rules[0].windows[0];
+    assert_eq!((window.refused_hits, window.keys.len()), (4, 1), "{top:?}");
+    assert_eq!(
+        (window.keys[0].key.as_str(), window.keys[0].refused),
+        ("user=a", 3)
+    );
+    let refused = client
+        .top_refused(proto::TopRequest {
+            n: 101,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
 }
