@@ -62,6 +62,11 @@ pub struct LimiterOptions {
     /// `REDIS_KEY_FORMAT=reference`: exact fixed-window counters of single-limit rules and
     /// request overrides take the reference's keys ([`CounterKey::reference`]).
     pub reference_keys: bool,
+    /// `SHADOW_COUNTS_PAST_LIMIT`: a shadow rule's counter counts every hit, past its limit
+    /// too (else it stops at the limit, as an enforced rule's does).
+    pub shadow_counts_past_limit: bool,
+    /// `TOP_REFUSED_KEYS`: each rule's top refused keys are kept ([`RefusedKeys`]).
+    pub top_refused_keys: bool,
 }
 
 impl Default for LimiterOptions {
@@ -75,6 +80,8 @@ impl Default for LimiterOptions {
             // of one request (every descriptor is matched and counted) far above that.
             max_descriptors: 64,
             max_entries: 16,
+            shadow_counts_past_limit: true,
+            top_refused_keys: true,
             reference_keys: false,
         }
     }
@@ -388,7 +395,8 @@ impl Limiter {
                 from_cache: cached.contains(&&op.key),
                 charged: admitted || crate::algorithm::applies_unconditionally(&op.limit, op.hits),
             });
-            if let Some(rule) = rule.filter(|_| !decision.allowed && descriptor.hits > 0) {
+            let refused = !decision.allowed && descriptor.hits > 0;
+            if let Some(rule) = rule.filter(|_| refused && self.options.top_refused_keys) {
                 let key = descriptor
                     .entries
                     .iter()
@@ -420,7 +428,10 @@ impl Limiter {
         // hit), so that what a lower or higher limit would refuse is measured while nothing
         // is refused: its counter records refused charges as a usage budget's does. Switched
         // to enforce, the same counter refuses until the count falls back under the limit.
-        if rule.is_some_and(|r| r.shadow_mode) && algorithm_limit.algorithm.takes_overdraft() {
+        if self.options.shadow_counts_past_limit
+            && rule.is_some_and(|r| r.shadow_mode)
+            && algorithm_limit.algorithm.takes_overdraft()
+        {
             algorithm_limit.overdraft = true;
         }
         // `share_threshold` levels count under their pattern, so all matching values share

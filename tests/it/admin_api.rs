@@ -514,3 +514,29 @@ descriptors:
         .unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
 }
+
+/// The switches: `SHADOW_COUNTS_PAST_LIMIT=false` stops a shadow rule's count at its limit
+/// (5 hits on a rule of 2: used 2), `TOP_REFUSED_KEYS=false` keeps no refused keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measuring_past_the_limit_and_keeping_refused_keys_can_be_switched_off() {
+    const SHADOW: &str = "domain: sh
+descriptors:
+  - key: k
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+    let mut settings = Settings::for_tests(config_dir("admin-switches", &[("sh.yaml", SHADOW)]));
+    settings.limiter.shadow_counts_past_limit = false;
+    settings.limiter.top_refused_keys = false;
+    let server = TestServer::start_with(settings).await;
+    for _ in 0..5 {
+        server.domain("sh").hit("k=x").await;
+    }
+    let (_, text) = http_get(server.http_addr, "/counters?domain=sh&entry=k=x")
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["counters"][0]["used"], "2", "{text}");
+    let (_, text) = http_get(server.http_addr, "/top").await.unwrap();
+    assert_eq!(text, r#"{"rules":[]}"#);
+}

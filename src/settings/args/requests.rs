@@ -27,6 +27,15 @@ pub struct RequestArgs {
     /// Most entries one descriptor may carry; more is answered INVALID_ARGUMENT
     #[arg(long, env = "MAX_DESCRIPTOR_ENTRIES", default_value = "16", value_parser = parse_count::<NonZeroUsize>)]
     max_descriptor_entries: NonZeroUsize,
+
+    /// A shadow rule's counter counts every hit, past its limit too, so the whole demand is
+    /// measured before the rule is enforced; false: it stops at the limit
+    #[arg(long, env = "SHADOW_COUNTS_PAST_LIMIT", default_value = "true")]
+    shadow_counts_past_limit: bool,
+
+    /// Keep each rule's top refused keys (GET /top, sluice top); false: keep none
+    #[arg(long, env = "TOP_REFUSED_KEYS", default_value = "true")]
+    top_refused_keys: bool,
 }
 
 impl RequestArgs {
@@ -45,6 +54,8 @@ impl RequestArgs {
             max_descriptors: self.max_request_descriptors.get(),
             max_entries: self.max_descriptor_entries.get(),
             reference_keys: false,
+            shadow_counts_past_limit: self.shadow_counts_past_limit,
+            top_refused_keys: self.top_refused_keys,
         }
     }
 }
