@@ -397,12 +397,15 @@ impl Limiter {
             });
             let refused = !decision.allowed && descriptor.hits > 0;
             if let Some(rule) = rule.filter(|_| refused && self.options.top_refused_keys) {
-                let key = descriptor
-                    .entries
-                    .iter()
-                    .map(|e| format!("{}={}", e.key, e.value))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let mut key = String::new();
+                for (i, e) in descriptor.entries.iter().enumerate() {
+                    if i > 0 {
+                        key.push_str(", ");
+                    }
+                    key.push_str(&e.key);
+                    key.push('=');
+                    key.push_str(&e.value);
+                }
                 self.refused.refused(
                     (&request.domain, &rule.stats_key, rule.shadow_mode),
                     limit.window(),

@@ -94,13 +94,19 @@ impl RefusedKeys {
         let now = self.clock.now();
         let start = now - now % window;
         let mut rules = self.rules.lock();
-        let windows = rules.entry(rule.to_owned()).or_insert_with(|| RuleWindows {
-            domain: domain.to_owned(),
-            shadow,
-            window,
-            current: (start, TopKeys::new(CAPACITY)),
-            last: None,
-        });
+        if !rules.contains_key(rule) {
+            rules.insert(
+                rule.to_owned(),
+                RuleWindows {
+                    domain: domain.to_owned(),
+                    shadow,
+                    window,
+                    current: (start, TopKeys::new(CAPACITY)),
+                    last: None,
+                },
+            );
+        }
+        let windows = rules.get_mut(rule).expect("inserted above");
         windows.shadow = shadow;
         if windows.window != window {
             // The rule's window changed (a reload): start again.
@@ -113,7 +119,7 @@ impl RefusedKeys {
             // The last completed window is the one just before this one, if it had refusals.
             windows.last = (ended.0 + window == start).then_some(ended);
         }
-        windows.current.1.offer(&shortened(key), hits);
+        windows.current.1.offer(shortened(key).as_ref(), hits);
     }
 
     /// Forgets the rules not in `keep` (a reload removed them).
@@ -162,15 +168,15 @@ impl RefusedKeys {
 }
 
 /// `key`, at most [`MAX_KEY_BYTES`].
-fn shortened(key: &str) -> String {
+fn shortened(key: &str) -> std::borrow::Cow<'_, str> {
     if key.len() <= MAX_KEY_BYTES {
-        return key.to_owned();
+        return key.into();
     }
     let mut end = MAX_KEY_BYTES;
     while !key.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &key[..end])
+    format!("{}…", &key[..end]).into()
 }
 
 #[cfg(test)]

@@ -45,8 +45,12 @@ impl<K: Hash + Eq + Clone> TopKeys<K> {
         }
     }
 
-    /// Counts `weight` more for `key`.
-    pub fn offer(&mut self, key: &K, weight: u64) {
+    /// Counts `weight` more for `key` (owned only when it is new to the summary).
+    pub fn offer<Q>(&mut self, key: &Q, weight: u64)
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.total = self.total.saturating_add(weight);
         if let Some(&i) = self.index.get(key) {
             let e = &mut self.entries[i];
@@ -54,9 +58,9 @@ impl<K: Hash + Eq + Clone> TopKeys<K> {
             return;
         }
         if self.entries.len() < self.capacity {
-            self.index.insert(key.clone(), self.entries.len());
+            self.index.insert(key.to_owned(), self.entries.len());
             self.entries.push(Counted {
-                key: key.clone(),
+                key: key.to_owned(),
                 count: weight,
                 error: 0,
             });
@@ -72,13 +76,13 @@ impl<K: Hash + Eq + Clone> TopKeys<K> {
         let old = std::mem::replace(
             &mut self.entries[i],
             Counted {
-                key: key.clone(),
+                key: key.to_owned(),
                 count: 0,
                 error: 0,
             },
         );
-        self.index.remove(&old.key);
-        self.index.insert(key.clone(), i);
+        self.index.remove::<K>(&old.key);
+        self.index.insert(key.to_owned(), i);
         let e = &mut self.entries[i];
         e.count = old.count.saturating_add(weight);
         e.error = old.count;
