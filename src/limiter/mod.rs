@@ -6,6 +6,7 @@
 
 mod inspect;
 mod observe;
+mod options;
 pub mod refused;
 pub mod series;
 mod status;
@@ -20,6 +21,7 @@ use arc_swap::ArcSwap;
 
 pub use inspect::{CounterState, Explained, ExplainedLimit, Explanation, Outcome, Step};
 pub use observe::{LimitEvent, NoObserver, Observer};
+pub use options::LimiterOptions;
 pub use refused::RefusedKeys;
 pub use series::RuleSeries;
 use status::{Described, merged_metadata, override_key, status};
@@ -41,51 +43,6 @@ pub const MAX_CHARGE: u64 = 1_000_000_000;
 
 /// `limit_remaining` reported for `unlimited` rules, as the reference service does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
-
-/// Process-wide switches of the limiter.
-#[derive(Debug, Clone, Copy)]
-pub struct LimiterOptions {
-    /// `SHADOW_MODE`: never answer OVER_LIMIT overall; statuses still tell the truth.
-    pub shadow_mode: bool,
-    /// `QUOTA_MODE`: every descriptor is a quota descriptor.
-    pub quota_mode: bool,
-    /// What rules without a `failure_mode` (theirs or their domain's) answer while the store
-    /// fails.
-    pub failure_mode: FailureMode,
-    /// How rules without a `consistency` (theirs or their domain's) are counted with a
-    /// shared store (`CONSISTENCY`).
-    pub consistency: Consistency,
-    /// Most descriptors one request may carry (`MAX_REQUEST_DESCRIPTORS`).
-    pub max_descriptors: usize,
-    /// Most entries one descriptor may carry (`MAX_DESCRIPTOR_ENTRIES`).
-    pub max_entries: usize,
-    /// `REDIS_KEY_FORMAT=reference`: exact fixed-window counters of single-limit rules and
-    /// request overrides take the reference's keys ([`CounterKey::reference`]).
-    pub reference_keys: bool,
-    /// `SHADOW_COUNTS_PAST_LIMIT`: a shadow rule's counter counts every hit, past its limit
-    /// too (else it stops at the limit, as an enforced rule's does).
-    pub shadow_counts_past_limit: bool,
-    /// `TOP_REFUSED_KEYS`: each rule's top refused keys are kept ([`RefusedKeys`]).
-    pub top_refused_keys: bool,
-}
-
-impl Default for LimiterOptions {
-    fn default() -> Self {
-        Self {
-            shadow_mode: false,
-            quota_mode: false,
-            failure_mode: FailureMode::default(),
-            consistency: Consistency::default(),
-            // Envoy sends a handful of descriptors of a few entries; these bound the work
-            // of one request (every descriptor is matched and counted) far above that.
-            max_descriptors: 64,
-            max_entries: 16,
-            shadow_counts_past_limit: true,
-            top_refused_keys: true,
-            reference_keys: false,
-        }
-    }
-}
 
 /// Why a request got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -177,12 +134,7 @@ impl Limiter {
     /// Replaces the policy as a whole; requests in flight finish on the old one.
     pub fn set_policy(&self, policy: Arc<Policy>) {
         self.observer.policy_swapped(&policy);
-        let kept: HashSet<&str> = policy
-            .rules()
-            .iter()
-            .map(|r| r.stats_key.as_str())
-            .collect();
-        self.refused.retain(|rule| kept.contains(rule));
+        self.refused.follow(&policy);
         self.policy.store(policy);
     }
 
@@ -395,23 +347,9 @@ impl Limiter {
                 from_cache: cached.contains(&&op.key),
                 charged: admitted || crate::algorithm::applies_unconditionally(&op.limit, op.hits),
             });
-            let refused = !decision.allowed && descriptor.hits > 0;
-            if let Some(rule) = rule.filter(|_| refused && self.options.top_refused_keys) {
-                let mut key = String::new();
-                for (i, e) in descriptor.entries.iter().enumerate() {
-                    if i > 0 {
-                        key.push_str(", ");
-                    }
-                    key.push_str(&e.key);
-                    key.push('=');
-                    key.push_str(&e.value);
-                }
-                self.refused.refused(
-                    (&request.domain, &rule.stats_key, rule.shadow_mode),
-                    limit.window(),
-                    &key,
-                    descriptor.hits as u64,
-                );
+            if let Some(rule) = rule.filter(|_| self.options.top_refused_keys) {
+                self.refused
+                    .decided(&request.domain, rule, limit, decision, descriptor);
             }
         }
     }

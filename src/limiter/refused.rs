@@ -7,14 +7,16 @@
 //! so about `rules × 2 × CAPACITY × (MAX_KEY_BYTES + 64)` bytes at the worst. Cost: nothing on
 //! an allowed decision; on a refused one a lock and one summary update.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::Descriptor;
 use super::top::{Counted, TopKeys};
-use crate::algorithm::Micros;
+use crate::algorithm::{Decision, Micros};
 use crate::clock::{Clock, SystemClock};
+use crate::policy::{Policy, RateLimit, Rule};
 
 /// Keys kept per rule and window.
 pub const CAPACITY: usize = 100;
@@ -122,9 +124,41 @@ impl RefusedKeys {
         windows.current.1.offer(shortened(key).as_ref(), hits);
     }
 
-    /// Forgets the rules not in `keep` (a reload removed them).
-    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.rules.lock().retain(|rule, _| keep(rule));
+    /// `rule` of `domain` decided `descriptor` under `limit`: a refusal (its hits) is kept.
+    pub fn decided(
+        &self,
+        domain: &str,
+        rule: &Rule,
+        limit: &RateLimit,
+        decision: &Decision,
+        descriptor: &Descriptor,
+    ) {
+        if decision.allowed || descriptor.hits <= 0 {
+            return;
+        }
+        let mut key = String::new();
+        for (i, e) in descriptor.entries.iter().enumerate() {
+            if i > 0 {
+                key.push_str(", ");
+            }
+            key.push_str(&e.key);
+            key.push('=');
+            key.push_str(&e.value);
+        }
+        let rule_of = (domain, rule.stats_key.as_str(), rule.shadow_mode);
+        self.refused(rule_of, limit.window(), &key, descriptor.hits as u64);
+    }
+
+    /// Forgets the rules `policy` no longer has (a reload removed them).
+    pub fn follow(&self, policy: &Policy) {
+        let kept: HashSet<&str> = policy
+            .rules()
+            .iter()
+            .map(|r| r.stats_key.as_str())
+            .collect();
+        self.rules
+            .lock()
+            .retain(|rule, _| kept.contains(rule.as_str()));
     }
 
     /// The top `n` refused keys of each rule (of `domain` and named `rule`, when given), by

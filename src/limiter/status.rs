@@ -53,10 +53,7 @@ pub(super) fn status(
         let algorithm_limit = limit.algorithm_limit();
         applied.push(AppliedLimit {
             descriptor: described.index,
-            policy: limit
-                .name
-                .clone()
-                .unwrap_or_else(|| described.policy.to_owned()),
+            policy: limit_name(limit, described),
             quota: algorithm_limit.capacity(),
             window: (!limit.algorithm.in_flight()).then_some(algorithm_limit.window),
             remaining: remaining(limit, d),
@@ -89,16 +86,20 @@ pub(super) fn status(
             Code::Ok
         },
         limit: reported(limit),
-        rule: Some(
-            limit
-                .name
-                .clone()
-                .unwrap_or_else(|| described.policy.to_owned()),
-        ),
+        rule: Some(limit_name(limit, described)),
         remaining: clamp_u32(remaining(limit, decision)),
         reset_after: Some(wait(decision)),
         hidden,
     }
+}
+
+/// What names `limit` to the client and in the dynamic metadata: its `name:`, else the
+/// rule's stats key (the policy).
+fn limit_name(limit: &RateLimit, described: &Described<'_>) -> String {
+    limit
+        .name
+        .clone()
+        .unwrap_or_else(|| described.policy.to_owned())
 }
 
 /// `limit` as the status's `current_limit` says it. Envoy's `RateLimit` has no multiplier: a

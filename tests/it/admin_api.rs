@@ -401,17 +401,19 @@ async fn get_and_reset_reach_every_cluster_slot_and_the_per_second_redis() {
     assert!(main.command(&["KEYS", "*"]).starts_with("*0"));
 }
 
-/// A shadow rule counts every hit, past its limit too (the probe: 5 hits on a shadow rule of
-/// 2 showed `used` 2): what a lower or higher limit would refuse is measured while nothing is
-/// refused. On the memory store and on Redis (with the over-limit cache on, its default).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shadow_rule_counts_every_hit_past_its_limit() {
-    const SHADOW: &str = "domain: sh
+/// A shadow rule of 2 an hour.
+const SHADOW: &str = "domain: sh
 descriptors:
   - key: k
     shadow_mode: true
     rate_limit: {unit: hour, requests_per_unit: 2}
 ";
+
+/// A shadow rule counts every hit, past its limit too (the probe: 5 hits on a shadow rule of
+/// 2 showed `used` 2): what a lower or higher limit would refuse is measured while nothing is
+/// refused. On the memory store and on Redis (with the over-limit cache on, its default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_rule_counts_every_hit_past_its_limit() {
     let redis = RedisServer::start();
     let memory = Settings::for_tests(config_dir("admin-shadow", &[("sh.yaml", SHADOW)]));
     let on_redis = on_redis(
@@ -519,12 +521,6 @@ descriptors:
 /// (5 hits on a rule of 2: used 2), `TOP_REFUSED_KEYS=false` keeps no refused keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn measuring_past_the_limit_and_keeping_refused_keys_can_be_switched_off() {
-    const SHADOW: &str = "domain: sh
-descriptors:
-  - key: k
-    shadow_mode: true
-    rate_limit: {unit: hour, requests_per_unit: 2}
-";
     let mut settings = Settings::for_tests(config_dir("admin-switches", &[("sh.yaml", SHADOW)]));
     settings.limiter.shadow_counts_past_limit = false;
     settings.limiter.top_refused_keys = false;
