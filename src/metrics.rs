@@ -121,6 +121,26 @@ fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registr
     metric
 }
 
+/// Registers `collector`, whose families are all counters computed when scraped, and records
+/// each in the [`catalog`].
+pub(crate) fn register_counters(
+    registry: &Registry,
+    collector: Box<dyn prometheus::core::Collector>,
+) {
+    let mut catalog = CATALOG.lock();
+    for desc in collector.desc() {
+        catalog
+            .entry(desc.fq_name.clone())
+            .or_insert_with(|| Family {
+                kind: "counter",
+                help: desc.help.clone(),
+                labels: desc.variable_labels.clone(),
+            });
+    }
+    drop(catalog);
+    registry.register(collector).expect("unique metric");
+}
+
 /// A metric family as registered: its type, help and labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Family {

@@ -57,6 +57,13 @@ impl Metrics {
         }
     }
 
+    /// The process's ladder of candidate limits (`LIMIT_LADDER*`; `None`: only rules with a
+    /// ladder of their own are measured).
+    pub fn with_ladder(self, ladder: Option<crate::policy::Ladder>) -> Self {
+        self.rules.set_ladder(ladder);
+        self
+    }
+
     /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: the reference's response-time histogram in
     /// milliseconds.
     pub fn with_response_time_in_milliseconds(mut self, on: bool) -> Self {
@@ -98,6 +105,10 @@ impl Metrics {
 impl Observer for Metrics {
     fn limit_decided(&self, event: &LimitEvent<'_>) {
         self.rules.limit_decided(event);
+    }
+
+    fn each_limit(&self, event: &LimitEvent<'_>) {
+        self.rules.each_limit(event);
     }
 
     fn domain_not_found(&self, domain: &str) {

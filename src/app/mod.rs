@@ -136,7 +136,8 @@ fn prepare_on(settings: Settings, time: Time) -> Result<Prepared, AppError> {
             settings.near_limit_ratio,
             settings.metrics_max_detailed_series,
         )
-        .with_response_time_in_milliseconds(settings.response_time_in_milliseconds),
+        .with_response_time_in_milliseconds(settings.response_time_in_milliseconds)
+        .with_ladder(settings.ladder),
     );
     let (loaded, source) = match &settings.xds {
         // The control plane sends the rules once the service runs.

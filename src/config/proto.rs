@@ -77,6 +77,7 @@ fn descriptors(
                 failure_mode: None,
                 consistency: None,
                 priorities: None,
+                ladder: None,
             })
         })
         .collect()

@@ -76,6 +76,10 @@ pub struct RawDescriptor {
     /// counter shared by all classes (Sluice extension).
     #[serde(default)]
     pub priorities: Option<std::collections::BTreeMap<String, f64>>,
+    /// The candidate limits its counts are measured against: `false`, or `from`, `to` and
+    /// `steps_per_doubling` (Sluice extension).
+    #[serde(default)]
+    pub ladder: Option<Value>,
 }
 
 /// `rate_limit:` of a descriptor.
@@ -147,6 +151,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "failure_mode",
     "consistency",
     "priorities",
+    "ladder",
 ];
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
@@ -160,6 +165,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "unit_multiplier",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
+const LADDER_KEYS: &[&str] = &["from", "to", "steps_per_doubling"];
 
 /// A structural problem found by [`structure_errors`], in the reference's wording.
 #[derive(Debug, PartialEq, Eq)]
@@ -217,6 +223,7 @@ fn check_mapping(value: &Value, path: &str, known: &[&str], found: &mut Vec<Stru
             "rate_limit" => check_mapping(child, &child_path, RATE_LIMIT_KEYS, found),
             "rate_limits" => check_list(child, &child_path, RATE_LIMIT_KEYS, found),
             "replaces" => check_list(child, &child_path, REPLACES_KEYS, found),
+            "ladder" => check_mapping(child, &child_path, LADDER_KEYS, found),
             _ => {}
         }
     }

@@ -5,6 +5,7 @@
 //! Beside it: [`series`], the per-rule metric series that observe it.
 
 mod inspect;
+mod ladder;
 mod observe;
 mod options;
 pub mod refused;
@@ -331,14 +332,12 @@ impl Limiter {
         request: &Request,
         descriptor: &Descriptor,
         rule: Option<&Rule>,
-        counted: impl Iterator<Item = ((&'a RateLimit, &'a Decision), &'a CounterOp)>,
+        counted: impl Iterator<Item = ((&'a RateLimit, &'a Decision), &'a CounterOp)> + Clone,
         cached: &[&CounterKey],
         admitted: bool,
     ) {
-        if let Some(((limit, decision), op)) =
-            counted.min_by_key(|((_, d), _)| (d.allowed, d.remaining))
-        {
-            self.observer.limit_decided(&LimitEvent {
+        let event =
+            |((limit, decision), op): ((&'a RateLimit, &'a Decision), &'a CounterOp)| LimitEvent {
                 domain: &request.domain,
                 rule,
                 descriptor,
@@ -346,7 +345,15 @@ impl Limiter {
                 decision,
                 from_cache: cached.contains(&&op.key),
                 charged: admitted || crate::algorithm::applies_unconditionally(&op.limit, op.hits),
-            });
+                leased: op.consistency == Consistency::Leased,
+            };
+        for each in counted.clone() {
+            self.observer.each_limit(&event(each));
+        }
+        if let Some(((limit, decision), op)) =
+            counted.min_by_key(|((_, d), _)| (d.allowed, d.remaining))
+        {
+            self.observer.limit_decided(&event(((limit, decision), op)));
             if let Some(rule) = rule.filter(|_| self.options.top_refused_keys) {
                 self.refused
                     .decided(&request.domain, rule, limit, decision, descriptor);

@@ -26,12 +26,18 @@ pub struct LimitEvent<'a> {
     /// counter counts whatever the decisions, a usage budget's). A descriptor that fits in a
     /// request another refuses was not.
     pub charged: bool,
+    /// Whether it was decided from a lease block (`consistency: leased`), not the shared
+    /// count.
+    pub leased: bool,
 }
 
 /// Receives what the limiter does. Every method has an empty default.
 pub trait Observer: Send + Sync + 'static {
-    /// A counted limit was decided.
+    /// A counted limit was decided: once per counted descriptor, under the limit that
+    /// decided.
     fn limit_decided(&self, _event: &LimitEvent<'_>) {}
+    /// Each counted limit of a descriptor was decided (every limit of a rule with several).
+    fn each_limit(&self, _event: &LimitEvent<'_>) {}
     /// A request named `domain`, which no config declares.
     fn domain_not_found(&self, _domain: &str) {}
     /// The global shadow mode answered OK to a request its rules would have refused.

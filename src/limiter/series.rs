@@ -13,6 +13,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
+use super::ladder::Ladders;
 use super::{LimitEvent, Observer};
 use crate::metrics::{counter, counter_vec, gauge_vec};
 use crate::policy::Policy;
@@ -58,6 +59,8 @@ pub struct RuleSeries {
     last_sweep: std::sync::atomic::AtomicU64,
     /// Seconds added to `started`'s clock (tests move it; 0 otherwise).
     skew: std::sync::atomic::AtomicU64,
+    /// What candidate limits would have refused (a collector in the registry).
+    ladders: Arc<Ladders>,
 }
 
 struct RuleMetrics {
@@ -101,6 +104,8 @@ impl RuleSeries {
     /// Registers the per-rule metrics into `r`. `max_detailed` caps the series of
     /// `detailed_metric`/`value_to_metric` rules.
     pub fn register(r: &Registry, near_limit_ratio: f64, max_detailed: usize) -> Self {
+        let ladders = Arc::new(Ladders::new(Some(crate::policy::Ladder::default())));
+        crate::metrics::register_counters(r, Box::new(LadderCollector(ladders.clone())));
         let rule = |name: &str, help: &str| {
             counter_vec(
                 r,
@@ -176,7 +181,13 @@ impl RuleSeries {
             ),
             last_sweep: Default::default(),
             skew: Default::default(),
+            ladders,
         }
+    }
+
+    /// Replaces the process's ladder of candidate limits (before the first policy).
+    pub fn set_ladder(&self, ladder: Option<crate::policy::Ladder>) {
+        self.ladders.set_default(ladder);
     }
 
     fn now_secs(&self) -> u64 {
@@ -531,6 +542,10 @@ impl Observer for RuleSeries {
         self.count(&h, event, hits);
     }
 
+    fn each_limit(&self, event: &LimitEvent<'_>) {
+        self.ladders.decided(event);
+    }
+
     fn domain_not_found(&self, domain: &str) {
         let domain = label_value(domain);
         let known = {
@@ -549,6 +564,20 @@ impl Observer for RuleSeries {
     fn policy_swapped(&self, policy: &Policy) {
         self.retain(policy);
         self.set_limits(policy);
+        self.ladders.policy_swapped(policy);
+    }
+}
+
+/// The ladders as the registry collects them (the registry owns its collectors).
+struct LadderCollector(Arc<Ladders>);
+
+impl prometheus::core::Collector for LadderCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.0.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.0.collect()
     }
 }
 

@@ -6,6 +6,8 @@ mod matcher;
 mod metadata;
 pub use matcher::{EntryRef, StepKind, TraceEnd, UNORDERED_STEPS};
 pub use metadata::{MetaValue, merge_into};
+mod ladder;
+pub use ladder::{Ladder, LadderChoice, MAX_RUNGS, ratio_label};
 mod pattern;
 mod unit;
 
@@ -99,6 +101,8 @@ pub struct Rule {
     /// The levels on the path to this rule, from the domain down. Metrics name series from
     /// them.
     pub levels: Vec<Level>,
+    /// The candidate limits its counts are measured against (`ladder:`).
+    pub ladder: LadderChoice,
 }
 
 /// One level of the descriptor tree on the path to a rule.

@@ -114,6 +114,7 @@ impl ServeArgs {
             memory: stores.memory,
             near_limit_ratio: self.telemetry.near_limit_ratio,
             metrics_max_detailed_series: self.telemetry.metrics_max_detailed_series,
+            ladder: self.telemetry.ladder()?,
             response_time_in_milliseconds: self.telemetry.prometheus_response_time_as_milliseconds,
             prometheus: if self.stats.disable_stats {
                 None

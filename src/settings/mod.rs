@@ -102,6 +102,9 @@ pub struct Settings {
     pub near_limit_ratio: f64,
     /// Cap on metric series of `detailed_metric`/`value_to_metric` rules.
     pub metrics_max_detailed_series: usize,
+    /// The ladder of candidate limits rules are measured against (`LIMIT_LADDER*`); `None`:
+    /// only rules with a ladder of their own.
+    pub ladder: Option<crate::policy::Ladder>,
     /// The reference's response-time histogram in milliseconds
     /// (`PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`).
     pub response_time_in_milliseconds: bool,
@@ -216,6 +219,7 @@ impl Settings {
             memory: MemoryOptions::default(),
             near_limit_ratio: 0.8,
             metrics_max_detailed_series: 10_000,
+            ladder: Some(crate::policy::Ladder::default()),
             response_time_in_milliseconds: false,
             prometheus: None,
             tracing: None,

@@ -31,6 +31,7 @@ mod grpc_tls;
 mod hostile_requests;
 mod lease_model;
 mod matching;
+mod measurement;
 mod metrics;
 mod overlimit_cache;
 mod redis_calls;

@@ -4,7 +4,9 @@
 use super::Cx;
 use crate::algorithm::Algorithm;
 use crate::config::raw::{MAX_WINDOW_SECONDS, RawDescriptor, RawRateLimit};
-use crate::policy::{MAX_LIMIT, MetaValue, Priorities, RateLimit, Rule, RuleLimit, Unit};
+use crate::policy::{
+    Ladder, LadderChoice, MAX_LIMIT, MetaValue, Priorities, RateLimit, Rule, RuleLimit, Unit,
+};
 
 impl Cx<'_> {
     /// Compiles a descriptor's `rate_limit:` or `rate_limits:`; `None` when it has neither or
@@ -47,6 +49,7 @@ impl Cx<'_> {
             .iter()
             .find_map(|(_, raw)| raw.name.clone().filter(|n| !n.is_empty()));
         let priorities = self.priorities(descriptor, path, unlimited);
+        let ladder = self.ladder(descriptor, path);
         self.check_leased(descriptor, path, &limits);
         (self.errors.len() == errors_before).then(|| Rule {
             stats_key: stats_key.to_owned(),
@@ -71,7 +74,60 @@ impl Cx<'_> {
                 _ => None,
             },
             levels: self.levels.clone(),
+            ladder,
         })
+    }
+
+    /// Compiles `ladder:`: `false`, `true`, or a mapping of `from`, `to` and
+    /// `steps_per_doubling` (each defaulting to the default ladder's).
+    fn ladder(&mut self, descriptor: &RawDescriptor, path: &str) -> LadderChoice {
+        use serde_yaml::Value;
+        let Some(raw) = &descriptor.ladder else {
+            return LadderChoice::Default;
+        };
+        let path = format!("{path}.ladder");
+        let map = match raw {
+            Value::Bool(false) => return LadderChoice::Off,
+            Value::Bool(true) => return LadderChoice::Default,
+            Value::Mapping(map) => map,
+            _ => {
+                self.error(
+                    &path,
+                    "ladder must be false, true, or a mapping of from, to and steps_per_doubling",
+                );
+                return LadderChoice::Default;
+            }
+        };
+        let default = Ladder::default();
+        let mut number = |key: &str, fallback: f64| match map.get(key) {
+            None => Some(fallback),
+            Some(v) => match v.as_f64() {
+                Some(n) => Some(n),
+                None => {
+                    self.error(&format!("{path}.{key}"), format!("{key} must be a number"));
+                    None
+                }
+            },
+        };
+        let (from, to) = (number("from", default.from()), number("to", default.to()));
+        let steps = number("steps_per_doubling", f64::from(default.steps()));
+        let (Some(from), Some(to), Some(steps)) = (from, to, steps) else {
+            return LadderChoice::Default;
+        };
+        if steps.fract() != 0.0 || !(0.0..=f64::from(u32::MAX)).contains(&steps) {
+            self.error(
+                &format!("{path}.steps_per_doubling"),
+                format!("steps_per_doubling {steps} is not a whole number"),
+            );
+            return LadderChoice::Default;
+        }
+        match Ladder::new(from, to, steps as u32) {
+            Ok(ladder) => LadderChoice::Own(ladder),
+            Err(message) => {
+                self.error(&path, message);
+                LadderChoice::Default
+            }
+        }
     }
 
     /// A descriptor's limits with their paths: its `rate_limit:`, or each of its

@@ -6,6 +6,7 @@ use clap::Args;
 use super::super::parse::{parse_log_level, parse_ratio, resolve_addr};
 use super::named;
 use crate::logging::{LogFormat, LogSettings};
+use crate::policy::Ladder;
 use crate::settings::{PrometheusListener, SettingsError};
 
 #[derive(Debug, Clone, Args)]
@@ -37,6 +38,23 @@ pub struct TelemetryArgs {
     #[arg(long, env = "METRICS_MAX_DETAILED_SERIES", default_value = "10000")]
     pub metrics_max_detailed_series: usize,
 
+    /// Measure each rule's counts on a ladder of candidate limits (sluice_rule_*_past_total);
+    /// false: only rules with a ladder of their own
+    #[arg(long, env = "LIMIT_LADDER", default_value = "true")]
+    limit_ladder: bool,
+
+    /// The ladder's lowest candidate, as a ratio of the limit
+    #[arg(long, env = "LIMIT_LADDER_FROM", default_value = "0.0625")]
+    limit_ladder_from: f64,
+
+    /// The ladder's highest candidate, as a ratio of the limit
+    #[arg(long, env = "LIMIT_LADDER_TO", default_value = "16")]
+    limit_ladder_to: f64,
+
+    /// The ladder's rungs per doubling (4: each rung 19 % above the one below)
+    #[arg(long, env = "LIMIT_LADDER_STEPS", default_value = "4")]
+    limit_ladder_steps: u32,
+
     /// Log level: trace, debug, info, warn, error
     #[arg(long, env = "LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
     log_level: String,
@@ -53,6 +71,25 @@ pub struct TelemetryArgs {
 }
 
 impl TelemetryArgs {
+    /// The process's ladder of candidate limits; `None` when `LIMIT_LADDER` is false.
+    pub(super) fn ladder(&self) -> Result<Option<Ladder>, SettingsError> {
+        if !self.limit_ladder {
+            return Ok(None);
+        }
+        Ladder::new(
+            self.limit_ladder_from,
+            self.limit_ladder_to,
+            self.limit_ladder_steps,
+        )
+        .map(Some)
+        .map_err(|message| {
+            named(
+                &["limit_ladder_from", "limit_ladder_to", "limit_ladder_steps"],
+                message,
+            )
+        })
+    }
+
     /// The separate Prometheus listener, when `USE_PROMETHEUS` asks for it.
     pub(super) fn prometheus(&self) -> Result<Option<PrometheusListener>, SettingsError> {
         if !self.use_prometheus {
