@@ -64,6 +64,11 @@ impl Metrics {
         self
     }
 
+    /// Sets a rule's gauges of distinct and new refused keys.
+    pub fn refused_keys(&self, published: &crate::limiter::Published) {
+        self.rules.refused_keys(published);
+    }
+
     /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: the reference's response-time histogram in
     /// milliseconds.
     pub fn with_response_time_in_milliseconds(mut self, on: bool) -> Self {

@@ -42,7 +42,7 @@ pub use listeners::{GrpcListener, Listeners};
 pub use metrics::{Metrics, Scrape};
 use running::{Running, follow_requirements, report_health};
 use store::{Time, build_store};
-use tasks::{spawn_quota_ticks, spawn_turn_watch};
+use tasks::{spawn_quota_ticks, spawn_refused_ticks, spawn_turn_watch};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -308,6 +308,14 @@ impl Prepared {
         let (grpc_addr, http_addr) = (listeners.grpc.describe()?, local(&listeners.http)?);
         let (rlqs, quotas, lane) = self.rlqs_face(traces.as_ref(), &drain)?;
         spawn_turn_watch(self.turns.clone(), health.clone(), &drain);
+        if self.settings.limiter.distinct_refused_keys {
+            spawn_refused_ticks(
+                self.limiter.clone(),
+                self.shared.clone(),
+                self.metrics.clone(),
+                &drain,
+            );
+        }
         let (reporter, grpc) =
             self.grpc_server(listeners.grpc, rls.clone(), (rlqs, quotas.clone()), &drain)?;
         let router = admin::router(AdminState {

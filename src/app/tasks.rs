@@ -1,5 +1,5 @@
-//! The service's background tasks that tick once a second until the drain: RLQS's tick and
-//! the watch that tells readiness the gRPC turns are saturated.
+//! The service's background tasks that tick once a second until the drain: RLQS's tick, the
+//! refused keys' counts and the watch that tells readiness the gRPC turns are saturated.
 
 use std::sync::Arc;
 
@@ -25,6 +25,30 @@ pub(super) fn spawn_quota_ticks(
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => quotas.tick().await,
+            }
+        }
+    });
+}
+
+/// Refused keys, once a second until `drain`: the new hashes to the shared store, the windows
+/// that ended counted, the counts into the metrics.
+pub(super) fn spawn_refused_ticks(
+    limiter: Arc<crate::limiter::Limiter>,
+    shared: Arc<dyn crate::store::Shared>,
+    metrics: Arc<super::metrics::Metrics>,
+    drain: &CancellationToken,
+) {
+    let stop = drain.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            for published in limiter.distinct().tick(shared.as_ref()).await {
+                metrics.refused_keys(&published);
             }
         }
     });

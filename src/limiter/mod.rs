@@ -4,6 +4,7 @@
 //! send every counter to the store in one batch, and build the statuses and overall code.
 //! Beside it: [`series`], the per-rule metric series that observe it.
 
+mod distinct;
 mod inspect;
 mod ladder;
 mod observe;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+pub use distinct::{DistinctRefused, Published};
 pub use inspect::{CounterState, Explained, ExplainedLimit, Explanation, Outcome, Step};
 pub use observe::{LimitEvent, NoObserver, Observer};
 pub use options::LimiterOptions;
@@ -72,6 +74,8 @@ pub struct Limiter {
     observer: Arc<dyn Observer>,
     /// Each rule's top refused keys.
     refused: RefusedKeys,
+    /// Each rule's sample of refused keys, for the distinct and new counts.
+    distinct: DistinctRefused,
 }
 
 /// What one descriptor resolved to.
@@ -111,6 +115,10 @@ impl Limiter {
             options,
             observer: Arc::new(NoObserver),
             refused: RefusedKeys::default(),
+            distinct: DistinctRefused::new(
+                Arc::new(crate::clock::SystemClock),
+                options.refused_keys_history,
+            ),
         }
     }
 
@@ -127,6 +135,11 @@ impl Limiter {
         self.policy.load_full()
     }
 
+    /// Each rule's sample of refused keys (the distinct and new counts).
+    pub fn distinct(&self) -> &DistinctRefused {
+        &self.distinct
+    }
+
     /// Each rule's top refused keys (`GET /top`).
     pub fn refused(&self) -> &RefusedKeys {
         &self.refused
@@ -136,6 +149,7 @@ impl Limiter {
     pub fn set_policy(&self, policy: Arc<Policy>) {
         self.observer.policy_swapped(&policy);
         self.refused.follow(&policy);
+        self.distinct.follow(&policy);
         self.policy.store(policy);
     }
 
@@ -356,6 +370,10 @@ impl Limiter {
             self.observer.limit_decided(&event(((limit, decision), op)));
             if let Some(rule) = rule.filter(|_| self.options.top_refused_keys) {
                 self.refused
+                    .decided(&request.domain, rule, limit, decision, descriptor);
+            }
+            if let Some(rule) = rule.filter(|_| self.options.distinct_refused_keys) {
+                self.distinct
                     .decided(&request.domain, rule, limit, decision, descriptor);
             }
         }

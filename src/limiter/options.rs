@@ -27,6 +27,11 @@ pub struct LimiterOptions {
     pub shadow_counts_past_limit: bool,
     /// `TOP_REFUSED_KEYS`: each rule's top refused keys are kept ([`RefusedKeys`](super::RefusedKeys)).
     pub top_refused_keys: bool,
+    /// `DISTINCT_REFUSED_KEYS`: each rule's refused keys are sampled and counted per window
+    /// ([`DistinctRefused`](super::DistinctRefused)).
+    pub distinct_refused_keys: bool,
+    /// `REFUSED_KEYS_HISTORY`: how far back a refused key counts as refused before (not new).
+    pub refused_keys_history: std::time::Duration,
 }
 
 impl Default for LimiterOptions {
@@ -42,6 +47,8 @@ impl Default for LimiterOptions {
             max_entries: 16,
             shadow_counts_past_limit: true,
             top_refused_keys: true,
+            distinct_refused_keys: true,
+            refused_keys_history: std::time::Duration::from_secs(86_400),
             reference_keys: false,
         }
     }

@@ -61,6 +61,9 @@ pub struct RuleSeries {
     skew: std::sync::atomic::AtomicU64,
     /// What candidate limits would have refused (a collector in the registry).
     ladders: Arc<Ladders>,
+    /// Distinct keys refused in each rule's last completed window, and of those the new.
+    refused_keys: prometheus::IntGaugeVec,
+    newly_refused_keys: prometheus::IntGaugeVec,
 }
 
 struct RuleMetrics {
@@ -182,7 +185,31 @@ impl RuleSeries {
             last_sweep: Default::default(),
             skew: Default::default(),
             ladders,
+            refused_keys: gauge_vec(
+                r,
+                "sluice_rule_refused_keys",
+                "Distinct keys the rule refused (a shadow rule: would have refused) in its last completed window, fleet-wide: take the max over instances",
+                &["domain", "rule"],
+            ),
+            newly_refused_keys: gauge_vec(
+                r,
+                "sluice_rule_newly_refused_keys",
+                "Of those, keys it had not refused within REFUSED_KEYS_HISTORY before the window, fleet-wide: take the max over instances",
+                &["domain", "rule"],
+            ),
         }
+    }
+
+    /// A rule's counts of refused keys for its last completed window.
+    pub fn refused_keys(&self, published: &super::Published) {
+        let labels = [published.domain.as_str(), published.rule.as_str()];
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.refused_keys
+            .with_label_values(&labels)
+            .set(clamp(published.counts.distinct));
+        self.newly_refused_keys
+            .with_label_values(&labels)
+            .set(clamp(published.counts.new));
     }
 
     /// Replaces the process's ladder of candidate limits (before the first policy).
@@ -565,6 +592,9 @@ impl Observer for RuleSeries {
         self.retain(policy);
         self.set_limits(policy);
         self.ladders.policy_swapped(policy);
+        // Counts come back with each rule's next window; a removed rule's go.
+        self.refused_keys.reset();
+        self.newly_refused_keys.reset();
     }
 }
 

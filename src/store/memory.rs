@@ -94,6 +94,8 @@ struct Shared {
     /// Instances that took leases, with when they last said so (the model of a shared store
     /// that tests run several leasing instances over).
     instances: Mutex<HashMap<String, Micros>>,
+    /// Sets of refused keys (the model of a shared store's).
+    refused: Mutex<super::refused::Sets>,
 }
 
 struct Shard {
@@ -155,6 +157,7 @@ impl MemoryStore {
             last_evicted: AtomicU64::new(0),
             last_warned: AtomicU64::new(0),
             instances: Mutex::default(),
+            refused: Mutex::default(),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(sweep(Arc::downgrade(&shared)));
@@ -435,6 +438,25 @@ impl super::Shared for MemoryStore {
             .iter()
             .map(super::ClaimGrant::alone)
             .collect())))
+    }
+
+    fn add_refused<'a>(
+        &'a self,
+        adds: &'a [super::RefusedAdd],
+    ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>> {
+        let mut sets = self.shared.refused.lock();
+        let levels = adds.iter().map(|add| sets.add(add)).collect();
+        Box::pin(std::future::ready(Ok(levels)))
+    }
+
+    fn close_refused<'a>(
+        &'a self,
+        closes: &'a [super::RefusedClose],
+    ) -> BoxFuture<'a, Result<Vec<super::RefusedCounts>, StoreError>> {
+        let now = self.shared.clock.now();
+        let mut sets = self.shared.refused.lock();
+        let counts = closes.iter().map(|close| sets.close(close, now)).collect();
+        Box::pin(std::future::ready(Ok(counts)))
     }
 }
 

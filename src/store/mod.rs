@@ -30,6 +30,7 @@ pub mod memory;
 mod metrics;
 pub mod overlimit;
 pub mod redis;
+pub mod refused;
 pub mod resilient;
 pub mod split;
 
@@ -48,6 +49,7 @@ pub use memory::MemoryStore;
 pub use metrics::StoreMetrics;
 pub use overlimit::OverLimitCache;
 pub use redis::RedisStore;
+pub use refused::{RefusedAdd, RefusedClose, RefusedCounts};
 pub use resilient::Resilient;
 pub use split::PerSecondSplit;
 
@@ -106,6 +108,20 @@ pub trait Shared: Store {
         &'a self,
         asks: &'a [ClaimAsk],
     ) -> BoxFuture<'a, Result<Vec<ClaimGrant>, StoreError>>;
+
+    /// Adds hashes of refused keys to their rules' sets for a window ([`refused`]); answers
+    /// each set's sampling level.
+    fn add_refused<'a>(
+        &'a self,
+        adds: &'a [RefusedAdd],
+    ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>>;
+
+    /// Counts completed windows of refused keys ([`refused`]): distinct keys, and those not
+    /// refused in the history before; the same answer to every instance.
+    fn close_refused<'a>(
+        &'a self,
+        closes: &'a [RefusedClose],
+    ) -> BoxFuture<'a, Result<Vec<RefusedCounts>, StoreError>>;
 
     /// Checks that the store answers, without counting anything (the circuit breaker's probe).
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {

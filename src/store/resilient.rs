@@ -418,6 +418,42 @@ impl Shared for Resilient {
         })
     }
 
+    fn add_refused<'a>(
+        &'a self,
+        adds: &'a [super::RefusedAdd],
+    ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>> {
+        Box::pin(async move {
+            if self.shared.breaker.is_open() {
+                return Err(StoreError::Unavailable("circuit breaker open".into()));
+            }
+            let deadline = self.options.background_limit();
+            within(
+                deadline,
+                "the refused keys",
+                self.shared.primary.add_refused(adds),
+            )
+            .await
+        })
+    }
+
+    fn close_refused<'a>(
+        &'a self,
+        closes: &'a [super::RefusedClose],
+    ) -> BoxFuture<'a, Result<Vec<super::RefusedCounts>, StoreError>> {
+        Box::pin(async move {
+            if self.shared.breaker.is_open() {
+                return Err(StoreError::Unavailable("circuit breaker open".into()));
+            }
+            let deadline = self.options.background_limit();
+            within(
+                deadline,
+                "the refused keys",
+                self.shared.primary.close_refused(closes),
+            )
+            .await
+        })
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.shared.primary.probe()
     }

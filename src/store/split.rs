@@ -266,6 +266,21 @@ impl Shared for PerSecondSplit {
         self.main.claim(asks)
     }
 
+    /// Refused keys live in the main store.
+    fn add_refused<'a>(
+        &'a self,
+        adds: &'a [super::RefusedAdd],
+    ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>> {
+        self.main.add_refused(adds)
+    }
+
+    fn close_refused<'a>(
+        &'a self,
+        closes: &'a [super::RefusedClose],
+    ) -> BoxFuture<'a, Result<Vec<super::RefusedCounts>, StoreError>> {
+        self.main.close_refused(closes)
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async {
             self.main.probe().await?;

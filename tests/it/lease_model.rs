@@ -75,6 +75,18 @@ impl Shared for Remote {
     ) -> BoxFuture<'a, Result<Vec<sluice::store::ClaimGrant>, StoreError>> {
         self.0.claim(asks)
     }
+    fn add_refused<'a>(
+        &'a self,
+        adds: &'a [sluice::store::RefusedAdd],
+    ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>> {
+        self.0.add_refused(adds)
+    }
+    fn close_refused<'a>(
+        &'a self,
+        closes: &'a [sluice::store::RefusedClose],
+    ) -> BoxFuture<'a, Result<Vec<sluice::store::RefusedCounts>, StoreError>> {
+        self.0.close_refused(closes)
+    }
 }
 
 struct Fleet {

@@ -2,7 +2,7 @@
 //! the shared counter, by three instances on one Redis, and on the memory store for each
 //! algorithm.
 
-use crate::common::redis::RedisServer;
+use crate::common::redis::{RedisCluster, RedisServer, cluster_args};
 use crate::common::{SluiceProcess, config_dir, http_get};
 
 /// A shadow rule of 20 a day (a day-long window: no boundary inside a run) and an enforced
@@ -194,4 +194,104 @@ fn a_bad_ladder_is_a_config_error_naming_the_field() {
     );
     let text = errors("{from: 0.001, to: 1000, steps_per_doubling: 8}");
     assert!(text.contains("more than 64"), "{text}");
+}
+
+/// Windows of four seconds: a phase of requests fits in one, and its counts come 3 s after
+/// it ends.
+const REFUSING: &str = r#"
+domain: measure
+descriptors:
+  - key: user
+    rate_limit: {unit: second, unit_multiplier: 4, requests_per_unit: 1}
+"#;
+
+const WINDOW: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// Waits for the start of the next window (windows are aligned to the Unix epoch), so that a
+/// phase of requests falls in one window.
+async fn next_window() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into = std::time::Duration::from_nanos((now.as_nanos() % WINDOW.as_nanos()) as u64);
+    tokio::time::sleep(WINDOW - into + std::time::Duration::from_millis(20)).await;
+}
+
+/// The largest value any instance gives `name` for the rule: the fleet's figure.
+fn fleet_max(pages: &[String], name: &str) -> Option<u64> {
+    pages
+        .iter()
+        .flat_map(|p| p.lines())
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains("rule=\"measure.user\""))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .max()
+}
+
+/// Refuses each of `keys` once (two requests each, round-robin: the second is refused), all
+/// in one window, then waits for the fleet's counts of that window: (distinct, new).
+async fn refuse_in_one_window(
+    instances: &[SluiceProcess],
+    keys: std::ops::Range<u32>,
+    before: (u64, u64),
+) -> (u64, u64) {
+    next_window().await;
+    for k in keys {
+        spread(instances, "user", &format!("u{k}"), 2).await;
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let pages = scrape(instances).await;
+        let distinct = fleet_max(&pages, "sluice_rule_refused_keys");
+        let new = fleet_max(&pages, "sluice_rule_newly_refused_keys");
+        let counts = (distinct.unwrap_or(0), new.unwrap_or(0));
+        if counts != before && counts != (0, 0) {
+            return counts;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "never counted: the window's refused keys"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Distinct and newly refused keys, fleet-wide: ten keys refused across three instances on one
+/// Redis are ten keys, all new; the next window's eight, of which five were refused before,
+/// are eight keys and three new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_count_distinct_and_newly_refused_keys_once() {
+    let redis = RedisServer::start();
+    let dir = config_dir("measure-distinct", &[("m.yaml", REFUSING)]);
+    let instances: Vec<SluiceProcess> = (0..3)
+        .map(|_| SluiceProcess::on_redis(&dir, &redis, &["--redis-deadline", "2s"]))
+        .collect();
+    let first = refuse_in_one_window(&instances, 0..10, (0, 0)).await;
+    assert_eq!(first, (10, 10));
+    let second = refuse_in_one_window(&instances, 5..13, first).await;
+    assert_eq!(second, (8, 3));
+}
+
+/// The same on a Redis Cluster: a rule's sets share one hash slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_a_cluster_count_distinct_refused_keys_once() {
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+    let dir = config_dir("measure-distinct-cluster", &[("m.yaml", REFUSING)]);
+    let mut args = cluster_args(&url).to_vec();
+    args.extend(["--redis-deadline", "2s"]);
+    let instances: Vec<SluiceProcess> = (0..3).map(|_| SluiceProcess::spawn(&dir, &args)).collect();
+    let first = refuse_in_one_window(&instances, 0..10, (0, 0)).await;
+    assert_eq!(first, (10, 10));
+}
+
+/// The same on the memory store, one instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_on_memory_counts_distinct_and_newly_refused_keys() {
+    let dir = config_dir("measure-distinct-memory", &[("m.yaml", REFUSING)]);
+    let instance = SluiceProcess::spawn(&dir, &[]);
+    let instances = std::slice::from_ref(&instance);
+    let first = refuse_in_one_window(instances, 0..4, (0, 0)).await;
+    assert_eq!(first, (4, 4));
+    let second = refuse_in_one_window(instances, 2..7, first).await;
+    assert_eq!(second, (5, 3));
 }

@@ -4,7 +4,7 @@ use std::num::NonZeroUsize;
 
 use clap::Args;
 
-use super::super::parse::parse_count;
+use super::super::parse::{parse_count, parse_positive_duration};
 
 use crate::limiter::LimiterOptions;
 use crate::store::{Consistency, FailureMode};
@@ -36,6 +36,15 @@ pub struct RequestArgs {
     /// Keep each rule's top refused keys (GET /top, sluice top); false: keep none
     #[arg(long, env = "TOP_REFUSED_KEYS", default_value = "true")]
     top_refused_keys: bool,
+
+    /// Count each rule's distinct refused keys per window, and those not refused within
+    /// REFUSED_KEYS_HISTORY before (sluice_rule_refused_keys); false: count none
+    #[arg(long, env = "DISTINCT_REFUSED_KEYS", default_value = "true")]
+    distinct_refused_keys: bool,
+
+    /// How far back a refused key counts as refused before, not new
+    #[arg(long, env = "REFUSED_KEYS_HISTORY", default_value = "24h", value_parser = parse_positive_duration)]
+    refused_keys_history: std::time::Duration,
 }
 
 impl RequestArgs {
@@ -56,6 +65,8 @@ impl RequestArgs {
             reference_keys: false,
             shadow_counts_past_limit: self.shadow_counts_past_limit,
             top_refused_keys: self.top_refused_keys,
+            distinct_refused_keys: self.distinct_refused_keys,
+            refused_keys_history: self.refused_keys_history,
         }
     }
 }

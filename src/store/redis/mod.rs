@@ -31,6 +31,7 @@ mod coalesce;
 mod connect;
 mod keys;
 mod lease;
+mod refused;
 mod reply;
 mod slot;
 
@@ -504,6 +505,20 @@ impl crate::store::Shared for RedisStore {
         asks: &'a [crate::store::ClaimAsk],
     ) -> BoxFuture<'a, Result<Vec<crate::store::ClaimGrant>, StoreError>> {
         Box::pin(self.claim_asks(asks))
+    }
+
+    fn add_refused<'a>(
+        &'a self,
+        adds: &'a [crate::store::RefusedAdd],
+    ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>> {
+        Box::pin(self.add_refused_sets(adds))
+    }
+
+    fn close_refused<'a>(
+        &'a self,
+        closes: &'a [crate::store::RefusedClose],
+    ) -> BoxFuture<'a, Result<Vec<crate::store::RefusedCounts>, StoreError>> {
+        Box::pin(self.close_refused_sets(closes))
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -1,0 +1,297 @@
+//! How many distinct keys each rule refused in its last completed window, fleet-wide, and how
+//! many of them it had not refused in the history before (24 hours by default): the signal
+//! that a limit is wrong (many keys at once) or that a quiet client started being limited (a
+//! new one), which an aggregate refusal count hides.
+//!
+//! On the request path a refused decision hashes its key into the rule's sample of the
+//! window (nothing happens on an allowed one, and nothing reaches the store); once a second
+//! [`DistinctRefused::tick`] sends the new hashes to the shared store's sets and, [`GRACE`]
+//! after a window ends, has the store count it (once for the fleet: see
+//! [`crate::store::refused`]). An instance that refused nothing in a window says 0 for it;
+//! the fleet's figure is the largest any instance says.
+//!
+//! Bounds: per rule, at most [`WINDOW_CAP`] hashes (8 bytes each) in each of at most
+//! [`MAX_OPEN`] windows, whatever the number of keys.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::Descriptor;
+use crate::algorithm::{Decision, Micros, SECOND};
+use crate::clock::{Clock, SystemClock};
+use crate::policy::{Policy, RateLimit, Rule};
+use crate::store::refused::{HASH_BITS, WINDOW_CAP, sampled};
+use crate::store::{RefusedAdd, RefusedClose, RefusedCounts, Shared};
+
+/// How long after a window's end it is counted: every instance has sent its hashes by then
+/// (each sends once a second).
+pub const GRACE: Duration = Duration::from_secs(3);
+
+/// Most windows of one rule not counted yet (the current one, the last, and room for a store
+/// that did not answer for a while).
+const MAX_OPEN: usize = 4;
+
+/// Every rule's samples of refused keys on this instance.
+pub struct DistinctRefused {
+    clock: Arc<dyn Clock>,
+    history: Duration,
+    rules: Mutex<HashMap<String, RuleSample>>,
+}
+
+struct RuleSample {
+    domain: String,
+    /// The rule's sets in the store: a name unique per domain and rule.
+    set: String,
+    window: Micros,
+    /// Windows not counted yet, by start.
+    open: BTreeMap<Micros, Sample>,
+    /// The start of the last window whose counts this instance published, and whether they
+    /// were not zero.
+    published: Option<(Micros, bool)>,
+}
+
+#[derive(Default)]
+struct Sample {
+    level: u32,
+    seen: HashSet<u64>,
+    /// Hashes not sent to the store yet.
+    pending: Vec<u64>,
+}
+
+impl Sample {
+    fn raise(&mut self, level: u32) {
+        if level > self.level {
+            self.level = level;
+            self.seen.retain(|&h| sampled(h, level));
+            self.pending.retain(|&h| sampled(h, level));
+        }
+    }
+}
+
+/// A rule's counts for its last completed window, for its gauges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    /// The rule's domain.
+    pub domain: String,
+    /// The rule's stats key.
+    pub rule: String,
+    /// Its counts (zeros when this instance refused nothing in the window).
+    pub counts: RefusedCounts,
+}
+
+impl Default for DistinctRefused {
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock), Duration::from_secs(86_400))
+    }
+}
+
+impl DistinctRefused {
+    /// Windows on `clock`; "refused before" looks back `history`.
+    pub fn new(clock: Arc<dyn Clock>, history: Duration) -> Self {
+        Self {
+            clock,
+            history,
+            rules: Mutex::default(),
+        }
+    }
+
+    /// `rule` of `domain` decided `descriptor` under `limit`: a refused key is sampled.
+    pub fn decided(
+        &self,
+        domain: &str,
+        rule: &Rule,
+        limit: &RateLimit,
+        decision: &Decision,
+        descriptor: &Descriptor,
+    ) {
+        if decision.allowed || descriptor.hits <= 0 {
+            return;
+        }
+        let hash = key_hash(descriptor);
+        let window = limit.window().max(SECOND);
+        let now = self.clock.now();
+        let start = now - now % window;
+        let mut rules = self.rules.lock();
+        let sample = match rules.get_mut(&rule.stats_key) {
+            Some(s) if s.window == window => s,
+            _ => {
+                rules.insert(
+                    rule.stats_key.clone(),
+                    RuleSample {
+                        domain: domain.to_owned(),
+                        set: set_name(domain, &rule.stats_key),
+                        window,
+                        open: BTreeMap::new(),
+                        published: None,
+                    },
+                );
+                rules.get_mut(&rule.stats_key).expect("inserted above")
+            }
+        };
+        if !sample.open.contains_key(&start) && sample.open.len() >= MAX_OPEN {
+            sample.open.pop_first();
+        }
+        let s = sample.open.entry(start).or_default();
+        if sampled(hash, s.level) && s.seen.insert(hash) {
+            s.pending.push(hash);
+            if s.seen.len() > WINDOW_CAP {
+                s.raise(s.level + 1);
+            }
+        }
+    }
+
+    /// Forgets the rules `policy` no longer has.
+    pub fn follow(&self, policy: &Policy) {
+        let kept: HashSet<&str> = policy
+            .rules()
+            .iter()
+            .map(|r| r.stats_key.as_str())
+            .collect();
+        self.rules
+            .lock()
+            .retain(|rule, _| kept.contains(rule.as_str()));
+    }
+
+    /// Sends the new hashes to `store`, has it count the windows that ended [`GRACE`] ago,
+    /// and answers the counts to publish (zeros for a rule whose last completed window this
+    /// instance refused nothing in, after counts that were not). A store that fails keeps the
+    /// hashes for the next tick.
+    pub async fn tick(&self, store: &dyn Shared) -> Vec<Published> {
+        let now = self.clock.now();
+        let grace = GRACE.as_micros() as Micros;
+        let history = self.history;
+        let (adds, closes) = {
+            let mut rules = self.rules.lock();
+            let mut adds = Vec::new();
+            let mut closes = Vec::new();
+            for (rule, r) in rules.iter_mut() {
+                for (&start, s) in r.open.iter_mut() {
+                    if !s.pending.is_empty() {
+                        adds.push((
+                            rule.clone(),
+                            RefusedAdd {
+                                set: r.set.clone(),
+                                start,
+                                ttl: Duration::from_micros(3 * r.window) + 2 * GRACE,
+                                level: s.level,
+                                hashes: std::mem::take(&mut s.pending),
+                            },
+                        ));
+                    }
+                    if start + r.window + grace <= now {
+                        let keep = Duration::from_micros(4 * r.window).max(Duration::from_secs(60));
+                        closes.push((
+                            rule.clone(),
+                            RefusedClose {
+                                set: r.set.clone(),
+                                start,
+                                history,
+                                counts_ttl: keep,
+                            },
+                        ));
+                    }
+                }
+            }
+            (adds, closes)
+        };
+        let mut out = Vec::new();
+        if !adds.is_empty() {
+            let batch: Vec<RefusedAdd> = adds.iter().map(|(_, a)| a.clone()).collect();
+            let answer = store.add_refused(&batch).await;
+            let mut rules = self.rules.lock();
+            for (i, (rule, add)) in adds.into_iter().enumerate() {
+                let Some(s) = rules
+                    .get_mut(&rule)
+                    .and_then(|r| r.open.get_mut(&add.start))
+                else {
+                    continue;
+                };
+                match &answer {
+                    Ok(levels) => s.raise(levels.get(i).copied().unwrap_or(0)),
+                    Err(_) => s.pending.extend(add.hashes),
+                }
+            }
+            if let Err(e) = &answer {
+                tracing::debug!(error = %e, "refused keys not sent to the store; next tick");
+            }
+        }
+        if !closes.is_empty() {
+            let batch: Vec<RefusedClose> = closes.iter().map(|(_, c)| c.clone()).collect();
+            match store.close_refused(&batch).await {
+                Ok(counts) => {
+                    let mut rules = self.rules.lock();
+                    for ((rule, close), counts) in closes.into_iter().zip(counts) {
+                        let Some(r) = rules.get_mut(&rule) else {
+                            continue;
+                        };
+                        r.open.remove(&close.start);
+                        if r.published.is_none_or(|(p, _)| p < close.start) {
+                            r.published = Some((close.start, counts.distinct > 0));
+                            out.push(Published {
+                                domain: r.domain.clone(),
+                                rule: rule.clone(),
+                                counts,
+                            });
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "refused keys not counted; next tick"),
+            }
+        }
+        // A rule whose last completed window had no refusal here says 0 for it.
+        let mut rules = self.rules.lock();
+        for (rule, r) in rules.iter_mut() {
+            let Some((published, true)) = r.published else {
+                continue;
+            };
+            let counted = now.saturating_sub(grace);
+            let last = (counted - counted % r.window).saturating_sub(r.window);
+            let waiting = r.open.keys().any(|&start| start <= last);
+            if last > published && !waiting {
+                r.published = Some((last, false));
+                out.push(Published {
+                    domain: r.domain.clone(),
+                    rule: rule.clone(),
+                    counts: RefusedCounts::default(),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// The name of a rule's sets: 16 hex digits of the SHA-256 of its domain and stats key (short,
+/// and free of the braces a Cluster hash tag would trip on).
+fn set_name(domain: &str, rule: &str) -> String {
+    let mut out = String::new();
+    crate::store::push_sha256_hex(&mut out, &format!("{domain}\u{0}{rule}"), 8);
+    out
+}
+
+/// A stable 52-bit hash of a descriptor's entries (the same on every instance and version:
+/// FNV-1a, then a 64-bit finalizer so that its low bits, which sampling reads, are uniform).
+pub fn key_hash(descriptor: &Descriptor) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for e in &descriptor.entries {
+        eat(e.key.as_bytes());
+        eat(&[0]);
+        eat(e.value.as_bytes());
+        eat(&[1]);
+    }
+    let mut z = h;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) >> (64 - HASH_BITS)
+}
+
+#[cfg(test)]
+mod tests;
