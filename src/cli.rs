@@ -1,4 +1,4 @@
-//! The command line: `sluice serve | validate | check | explain | counters | bench`.
+//! The command line: `sluice serve | validate | check | explain | counters | top | advise | bench`.
 
 use std::path::PathBuf;
 
@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 use crate::settings::ServeArgs;
 use crate::tools::admin::{CountersArgs, ExplainArgs};
+use crate::tools::advise::AdviseArgs;
 use crate::tools::bench::BenchArgs;
 use crate::tools::check::CheckArgs;
 use crate::tools::top::TopArgs;
@@ -55,6 +56,8 @@ pub enum Command {
     Counters(CountersArgs),
     /// Each rule's top refused keys, from one instance or merged over several
     Top(TopArgs),
+    /// A limit for each rule from what Prometheus measured of its ladder of candidate limits
+    Advise(AdviseArgs),
     /// Drive load at a server and print requests/s and latency percentiles
     Bench(BenchArgs),
     /// Serve an always-OK RateLimitService: the transport's ceiling for benchmarks

@@ -114,6 +114,10 @@ async fn run() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => tool_error(e),
         },
+        Command::Advise(args) => match sluice::tools::advise::run(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => tool_error(e),
+        },
         Command::Bench(args) => match bench::run(args.clone()).await {
             Ok(report) if args.json => {
                 let _ = writeln!(std::io::stdout(), "{}", report.to_json());

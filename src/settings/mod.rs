@@ -18,7 +18,7 @@ mod parse;
 pub mod reference;
 
 pub use args::ServeArgs;
-pub use parse::{empty_env_is_unset, parse_bool, parse_duration, switch};
+pub use parse::{empty_env_is_unset, parse_bool, parse_duration, parse_positive_duration, switch};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -80,9 +80,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "us" | "µs" => value / 1_000_000.0,
         "m" => value * 60.0,
         "h" => value * 3_600.0,
+        "d" => value * 86_400.0,
         _ => {
             return Err(format!(
-                "'{text}': unknown unit '{unit}' (use ms, s, m or h)"
+                "'{text}': unknown unit '{unit}' (use ms, s, m, h or d)"
             ));
         }
     };

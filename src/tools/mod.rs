@@ -1,11 +1,14 @@
 //! Client-side tools of the CLI: `sluice check` (one request, printed), `sluice explain` and
 //! `sluice counters` (the admin API), `sluice bench` (a load generator), plus the always-OK
-//! server used as the transport's ceiling in benchmarks.
+//! server used as the transport's ceiling in benchmarks; `sluice top` and `sluice advise`
+//! (refused keys, and limits from what Prometheus measured).
 
 pub mod admin;
+pub mod advise;
 pub mod bench;
 pub mod check;
 pub mod flood;
+pub mod http;
 pub mod top;
 pub mod trivial;
 

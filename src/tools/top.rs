@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use clap::Args;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::ToolError;
+use super::http::encode;
 
 /// Longest wait for one instance's answer.
 const ANSWER_LIMIT: Duration = Duration::from_secs(10);
@@ -198,66 +198,19 @@ fn print(rules: &Rules, instances: usize, args: &TopArgs) -> Result<(), ToolErro
 /// `GET path` of the admin port at `addr`: its JSON.
 async fn fetch(addr: SocketAddr, path: &str) -> Result<Value, ToolError> {
     let failed = |e: String| ToolError::Rpc(format!("{addr}{path}: {e}"));
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.take(MAX_ANSWER_BYTES).read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(raw)
-    };
-    let raw = tokio::time::timeout(ANSWER_LIMIT, exchange)
+    let answer = super::http::get(&addr.to_string(), path, ANSWER_LIMIT, MAX_ANSWER_BYTES)
         .await
-        .map_err(|_| failed(format!("no answer within {ANSWER_LIMIT:?}")))?
-        .map_err(|e| failed(e.to_string()))?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| failed("not an HTTP answer".into()))?;
-    let status = head.split_whitespace().nth(1).unwrap_or("");
-    if status != "200" {
-        return Err(failed(format!("answered {status}: {}", body.trim())));
+        .map_err(failed)?;
+    if answer.status != 200 {
+        return Err(failed(format!(
+            "answered {}: {}",
+            answer.status,
+            answer.body.trim()
+        )));
     }
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    serde_json::from_str(&body).map_err(|e| failed(format!("not the JSON of /top: {e}")))
-}
-
-/// A chunked body's data.
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
+    serde_json::from_str(&answer.body).map_err(|e| failed(format!("not the JSON of /top: {e}")))
 }
 
 fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_owned()
-}
-
-/// `value` percent-encoded for a query.
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

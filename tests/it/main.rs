@@ -6,6 +6,7 @@ mod common;
 
 mod admin_api;
 mod admin_reset;
+mod advise;
 mod algorithm_properties;
 mod algorithms;
 mod algorithms_server;

@@ -9,6 +9,7 @@ pub mod envoy;
 pub mod health;
 pub mod otlp;
 pub mod process;
+pub mod prometheus;
 pub mod redis;
 pub mod reference;
 pub mod rlqs;

@@ -1,0 +1,102 @@
+//! A real Prometheus (Debian's `prometheus` package; `scripts/test` installs it) scraping
+//! Sluice instances every second, in a temporary directory, on a free port; killed on drop.
+
+use std::process::{Child, Command, Stdio};
+
+use super::redis::free_port;
+use super::temp_dir;
+
+/// One `prometheus` process.
+pub struct PrometheusServer {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    port: u16,
+}
+
+impl PrometheusServer {
+    /// Scrapes `/metrics` of each of `targets` (`host:port`) every second, as job `sluice`;
+    /// waits until Prometheus is ready and has scraped every target once.
+    pub async fn scraping(targets: &[&str]) -> Self {
+        let dir = temp_dir("prometheus");
+        let list = targets
+            .iter()
+            .map(|t| format!("'{t}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: sluice\n    metrics_path: /metrics\n    static_configs:\n      - targets: [{list}]\n"
+        );
+        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+        let port = free_port();
+        let child = Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package prometheus; scripts/test installs it)");
+        let server = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+        };
+        let want = targets.len();
+        super::eventually_within(
+            std::time::Duration::from_secs(30),
+            "Prometheus ready, every target scraped",
+            || async {
+                server
+                    .query("sum(up)")
+                    .await
+                    .is_some_and(|v| v as usize == want)
+            },
+        )
+        .await;
+        server
+    }
+
+    /// The value of an instant query whose result is one sample; `None` otherwise (not ready,
+    /// an error, no data).
+    pub async fn query(&self, promql: &str) -> Option<f64> {
+        let path = format!("/api/v1/query?query={}", encode(promql));
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let (status, body) = super::http_get(addr, &path).await.ok()?;
+        if status != 200 {
+            return None;
+        }
+        let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let result = json["data"]["result"].as_array()?;
+        match result.as_slice() {
+            [one] => one["value"][1].as_str()?.parse().ok(),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for PrometheusServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
