@@ -114,7 +114,7 @@ impl Limiter {
             store,
             options,
             observer: Arc::new(NoObserver),
-            refused: RefusedKeys::default(),
+            refused: RefusedKeys::default().hashing_values(options.top_refused_keys_hashed),
             distinct: DistinctRefused::new(
                 Arc::new(crate::clock::SystemClock),
                 options.refused_keys_history,

@@ -27,6 +27,9 @@ pub struct LimiterOptions {
     pub shadow_counts_past_limit: bool,
     /// `TOP_REFUSED_KEYS`: each rule's top refused keys are kept ([`RefusedKeys`](super::RefusedKeys)).
     pub top_refused_keys: bool,
+    /// `TOP_REFUSED_KEYS_VALUES=hashed`: the top refused keys hold each value's hash, never
+    /// the value.
+    pub top_refused_keys_hashed: bool,
     /// `DISTINCT_REFUSED_KEYS`: each rule's refused keys are sampled and counted per window
     /// ([`DistinctRefused`](super::DistinctRefused)).
     pub distinct_refused_keys: bool,
@@ -47,6 +50,7 @@ impl Default for LimiterOptions {
             max_entries: 16,
             shadow_counts_past_limit: true,
             top_refused_keys: true,
+            top_refused_keys_hashed: false,
             distinct_refused_keys: true,
             refused_keys_history: std::time::Duration::from_secs(86_400),
             reference_keys: false,

@@ -27,6 +27,8 @@ pub const MAX_KEY_BYTES: usize = 256;
 /// The refused keys of every rule of this instance.
 pub struct RefusedKeys {
     clock: Arc<dyn Clock>,
+    /// Whether values are kept as `#` and 12 hex digits of their SHA-256.
+    hashed: bool,
     rules: Mutex<HashMap<String, RuleWindows>>,
 }
 
@@ -79,8 +81,15 @@ impl RefusedKeys {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
+            hashed: false,
             rules: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Keeping each value as `#` and 12 hex digits of its SHA-256, never the value.
+    pub fn hashing_values(mut self, hashed: bool) -> Self {
+        self.hashed = hashed;
+        self
     }
 
     /// `hits` of `key` were refused by `rule` (of `domain`, in shadow mode or not), whose
@@ -143,7 +152,12 @@ impl RefusedKeys {
             }
             key.push_str(&e.key);
             key.push('=');
-            key.push_str(&e.value);
+            if self.hashed {
+                key.push('#');
+                crate::store::push_sha256_hex(&mut key, &e.value, 6);
+            } else {
+                key.push_str(&e.value);
+            }
         }
         let rule_of = (domain, rule.stats_key.as_str(), rule.shadow_mode);
         self.refused(rule_of, limit.window(), &key, descriptor.hits as u64);

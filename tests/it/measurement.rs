@@ -295,3 +295,37 @@ async fn one_instance_on_memory_counts_distinct_and_newly_refused_keys() {
     let second = refuse_in_one_window(instances, 2..7, first).await;
     assert_eq!(second, (5, 3));
 }
+
+/// `TOP_REFUSED_KEYS_VALUES=hashed`: the top refused keys name each value by 12 hex digits of
+/// its SHA-256, and the value itself appears nowhere in `/top`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_refused_keys_can_hold_hashed_values() {
+    use crate::common::TestServer;
+    let mut settings = sluice::settings::Settings::for_tests(config_dir(
+        "measure-hashed",
+        &[(
+            "t.yaml",
+            "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+        )],
+    ));
+    settings.limiter.top_refused_keys_hashed = true;
+    let server = TestServer::start_with(settings).await;
+    let t = server.domain("t");
+    for _ in 0..3 {
+        t.hit("user=alice@example.com").await;
+    }
+    let (status, text) = http_get(server.http_addr, "/top?domain=t").await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let digest = ring::digest::digest(&ring::digest::SHA256, b"alice@example.com");
+    let hex: String = digest.as_ref()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        json["rules"][0]["windows"][0]["keys"][0]["key"],
+        format!("user=#{hex}"),
+        "{text}"
+    );
+    assert!(!text.contains("alice"), "{text}");
+}

@@ -9,6 +9,15 @@ use super::super::parse::{parse_count, parse_positive_duration};
 use crate::limiter::LimiterOptions;
 use crate::store::{Consistency, FailureMode};
 
+/// How refused keys hold descriptor values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyValues {
+    /// As sent.
+    Plain,
+    /// 12 hex digits of the value's SHA-256.
+    Hashed,
+}
+
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Requests")]
 pub struct RequestArgs {
@@ -36,6 +45,17 @@ pub struct RequestArgs {
     /// Keep each rule's top refused keys (GET /top, sluice top); false: keep none
     #[arg(long, env = "TOP_REFUSED_KEYS", default_value = "true")]
     top_refused_keys: bool,
+
+    /// How the top refused keys hold descriptor values: plain, or hashed (12 hex digits of
+    /// their SHA-256: a key can be matched, the value is never kept)
+    #[arg(
+        long,
+        env = "TOP_REFUSED_KEYS_VALUES",
+        value_enum,
+        ignore_case = true,
+        default_value = "plain"
+    )]
+    top_refused_keys_values: KeyValues,
 
     /// Count each rule's distinct refused keys per window, and those not refused within
     /// REFUSED_KEYS_HISTORY before (sluice_rule_refused_keys); false: count none
@@ -65,6 +85,7 @@ impl RequestArgs {
             reference_keys: false,
             shadow_counts_past_limit: self.shadow_counts_past_limit,
             top_refused_keys: self.top_refused_keys,
+            top_refused_keys_hashed: self.top_refused_keys_values == KeyValues::Hashed,
             distinct_refused_keys: self.distinct_refused_keys,
             refused_keys_history: self.refused_keys_history,
         }
