@@ -13,13 +13,14 @@
 //! Bounds: per rule, at most [`WINDOW_CAP`] hashes (8 bytes each) in each of at most
 //! [`MAX_OPEN`] windows, whatever the number of keys.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use super::Descriptor;
+use super::fnv::{FnvBuild, FnvMap};
 use crate::algorithm::{Decision, Micros, SECOND};
 use crate::clock::{Clock, SystemClock};
 use crate::policy::{Policy, RateLimit, Rule};
@@ -38,7 +39,7 @@ const MAX_OPEN: usize = 4;
 pub struct DistinctRefused {
     clock: Arc<dyn Clock>,
     history: Duration,
-    rules: Mutex<HashMap<String, RuleSample>>,
+    rules: Mutex<FnvMap<String, RuleSample>>,
 }
 
 struct RuleSample {
@@ -56,7 +57,7 @@ struct RuleSample {
 #[derive(Default)]
 struct Sample {
     level: u32,
-    seen: HashSet<u64>,
+    seen: HashSet<u64, FnvBuild>,
     /// Hashes not sent to the store yet.
     pending: Vec<u64>,
 }

@@ -22,6 +22,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 
 use super::LimitEvent;
+use super::fnv::FnvMap;
 use crate::policy::{Ladder, LadderChoice, Policy, RuleLimit, ratio_label};
 
 /// `sluice_rule_key_windows_total`: key-windows seen.
@@ -41,7 +42,7 @@ pub struct Ladders {
     /// ladder of their own.
     default: RwLock<Option<Ladder>>,
     /// By stats key: one ladder per limit of the rule.
-    rules: RwLock<HashMap<String, Vec<Arc<RuleLadder>>>>,
+    rules: RwLock<FnvMap<String, Vec<Arc<RuleLadder>>>>,
     descs: Vec<Desc>,
 }
 
@@ -181,7 +182,7 @@ impl Ladders {
     pub fn policy_swapped(&self, policy: &Policy) {
         let default = *self.default.read();
         let mut old = std::mem::take(&mut *self.rules.write());
-        let mut rules = HashMap::new();
+        let mut rules = FnvMap::default();
         for (domain, rule) in policy.rules_by_domain() {
             let RuleLimit::Limited(limits) = &rule.limit else {
                 continue;

@@ -5,6 +5,7 @@
 //! Beside it: [`series`], the per-rule metric series that observe it.
 
 mod distinct;
+mod fnv;
 mod inspect;
 mod ladder;
 mod observe;

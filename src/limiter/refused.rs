@@ -7,12 +7,13 @@
 //! so about `rules × 2 × CAPACITY × (MAX_KEY_BYTES + 64)` bytes at the worst. Cost: nothing on
 //! an allowed decision; on a refused one a lock and one summary update.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::Descriptor;
+use super::fnv::FnvMap;
 use super::top::{Counted, TopKeys};
 use crate::algorithm::{Decision, Micros};
 use crate::clock::{Clock, SystemClock};
@@ -29,7 +30,7 @@ pub struct RefusedKeys {
     clock: Arc<dyn Clock>,
     /// Whether values are kept as `#` and 12 hex digits of their SHA-256.
     hashed: bool,
-    rules: Mutex<HashMap<String, RuleWindows>>,
+    rules: Mutex<FnvMap<String, RuleWindows>>,
 }
 
 /// One rule's summaries.
@@ -82,7 +83,7 @@ impl RefusedKeys {
         Self {
             clock,
             hashed: false,
-            rules: Mutex::new(HashMap::new()),
+            rules: Mutex::default(),
         }
     }
 

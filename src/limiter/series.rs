@@ -41,7 +41,7 @@ pub struct RuleSeries {
     handles: RwLock<HashMap<Labels, Series>>,
     /// The same handles for plain rules, by stats key: the hot path's lookup, which borrows
     /// the key and allocates nothing.
-    by_rule: RwLock<HashMap<String, Arc<RuleHandles>>>,
+    by_rule: RwLock<super::fnv::FnvMap<String, Arc<RuleHandles>>>,
     /// Detailed series created so far, against `max_detailed`.
     detailed: Mutex<HashSet<[String; 4]>>,
     max_detailed: usize,
@@ -592,9 +592,17 @@ impl Observer for RuleSeries {
         self.retain(policy);
         self.set_limits(policy);
         self.ladders.policy_swapped(policy);
-        // Counts come back with each rule's next window; a removed rule's go.
+        // Every rule says 0 until a window of its refuses a key (a series that exists, so
+        // that an alert on it can tell "none refused" from "not scraped"); a removed rule's go.
         self.refused_keys.reset();
         self.newly_refused_keys.reset();
+        for (domain, rule) in policy.rules_by_domain() {
+            if matches!(rule.limit, crate::policy::RuleLimit::Limited(_)) {
+                let labels = [domain, rule.stats_key.as_str()];
+                self.refused_keys.with_label_values(&labels).set(0);
+                self.newly_refused_keys.with_label_values(&labels).set(0);
+            }
+        }
     }
 }
 

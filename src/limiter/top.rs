@@ -28,7 +28,9 @@ pub struct Counted<K> {
 pub struct TopKeys<K> {
     capacity: usize,
     entries: Vec<Counted<K>>,
-    index: HashMap<K, usize>,
+    /// Keys come from requests, but the map never holds more than `capacity` + 1: keys aimed
+    /// at one bucket cost at most that many comparisons, so the unkeyed hasher is safe here.
+    index: HashMap<K, usize, super::fnv::FnvBuild>,
     /// The weight offered in all.
     total: u64,
 }
@@ -40,7 +42,7 @@ impl<K: Hash + Eq + Clone> TopKeys<K> {
         Self {
             capacity,
             entries: Vec::with_capacity(capacity),
-            index: HashMap::with_capacity(capacity),
+            index: HashMap::with_capacity_and_hasher(capacity, Default::default()),
             total: 0,
         }
     }
