@@ -5,13 +5,13 @@
 //!
 //! On the request path a refused decision hashes its key into the rule's sample of the
 //! window (nothing happens on an allowed one, and nothing reaches the store); once a second
-//! [`DistinctRefused::tick`] sends the new hashes to the shared store's sets and, [`GRACE`]
+//! [`DistinctRefused::tick`] sends the new hashes to the shared store's sets and, `GRACE` (3 s)
 //! after a window ends, has the store count it (once for the fleet: see
 //! [`crate::store::refused`]). An instance that refused nothing in a window says 0 for it;
 //! the fleet's figure is the largest any instance says.
 //!
-//! Bounds: per rule, at most [`WINDOW_CAP`] hashes (8 bytes each) in each of at most
-//! [`MAX_OPEN`] windows, whatever the number of keys.
+//! Bounds: per rule, at most `WINDOW_CAP` (1,024) hashes (8 bytes each) in each of at most
+//! `MAX_OPEN` (4) windows, whatever the number of keys.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -156,7 +156,7 @@ impl DistinctRefused {
             .retain(|rule, _| kept.contains(rule.as_str()));
     }
 
-    /// Sends the new hashes to `store`, has it count the windows that ended [`GRACE`] ago,
+    /// Sends the new hashes to `store`, has it count the windows that ended `GRACE` (3 s) ago,
     /// and answers the counts to publish (zeros for a rule whose last completed window this
     /// instance refused nothing in, after counts that were not). A store that fails keeps the
     /// hashes for the next tick.
