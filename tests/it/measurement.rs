@@ -109,6 +109,18 @@ async fn three_instances_on_one_redis_measure_each_key_window_once() {
 /// measured past the limit, its refused hits are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_algorithm_measures_a_key_window_and_its_peak() {
+    every_algorithm_measures(&[]).await;
+}
+
+/// The same on Redis: the counts come from the script's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_measures_a_key_window_and_its_peak_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    every_algorithm_measures(&["--backend", "redis", "--redis-url", &url]).await;
+}
+
+async fn every_algorithm_measures(args: &[&str]) {
     let mut yaml = String::from("domain: measure\ndescriptors:\n");
     for algorithm in [
         "fixed_window",
@@ -121,7 +133,7 @@ async fn every_algorithm_measures_a_key_window_and_its_peak() {
         ));
     }
     let dir = config_dir("measure-algorithms", &[("m.yaml", &yaml)]);
-    let instance = SluiceProcess::spawn(&dir, &[]);
+    let instance = SluiceProcess::spawn(&dir, args);
     let instances = std::slice::from_ref(&instance);
     for algorithm in [
         "fixed_window",
