@@ -264,6 +264,58 @@ impl DistinctRefused {
     }
 }
 
+/// Each rule's gauges of distinct and new refused keys (`sluice_rule_refused_keys`,
+/// `sluice_rule_newly_refused_keys`), set from [`Published`] counts.
+pub struct RefusedKeyGauges {
+    distinct: prometheus::IntGaugeVec,
+    new: prometheus::IntGaugeVec,
+}
+
+impl RefusedKeyGauges {
+    /// Registers the gauges into `r`.
+    pub fn register(r: &prometheus::Registry) -> Self {
+        let gauge =
+            |name: &str, help: &str| crate::metrics::gauge_vec(r, name, help, &["domain", "rule"]);
+        Self {
+            distinct: gauge(
+                "sluice_rule_refused_keys",
+                "Distinct keys the rule refused (a shadow rule: would have refused) in its last completed window, fleet-wide: take the max over instances",
+            ),
+            new: gauge(
+                "sluice_rule_newly_refused_keys",
+                "Of those, keys it had not refused within REFUSED_KEYS_HISTORY before the window, fleet-wide: take the max over instances",
+            ),
+        }
+    }
+
+    /// A rule's counts for its last completed window.
+    pub fn set(&self, published: &Published) {
+        let labels = [published.domain.as_str(), published.rule.as_str()];
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.distinct
+            .with_label_values(&labels)
+            .set(clamp(published.counts.distinct));
+        self.new
+            .with_label_values(&labels)
+            .set(clamp(published.counts.new));
+    }
+
+    /// Every counted rule of `policy` at 0 until a window of its refuses a key (a series that
+    /// exists, so that an alert can tell "none refused" from "not scraped"); a removed rule's
+    /// series go.
+    pub fn follow(&self, policy: &Policy) {
+        self.distinct.reset();
+        self.new.reset();
+        for (domain, rule) in policy.rules_by_domain() {
+            if matches!(rule.limit, crate::policy::RuleLimit::Limited(_)) {
+                let labels = [domain, rule.stats_key.as_str()];
+                self.distinct.with_label_values(&labels).set(0);
+                self.new.with_label_values(&labels).set(0);
+            }
+        }
+    }
+}
+
 /// The name of a rule's sets: 16 hex digits of the SHA-256 of its domain and stats key (short,
 /// and free of the braces a Cluster hash tag would trip on).
 fn set_name(domain: &str, rule: &str) -> String {

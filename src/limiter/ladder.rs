@@ -299,6 +299,19 @@ impl Collector for Ladders {
     }
 }
 
+/// The ladders as the registry collects them (the registry owns its collectors).
+pub struct LadderCollector(pub Arc<Ladders>);
+
+impl Collector for LadderCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.0.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.0.collect()
+    }
+}
+
 fn metric(labels: &[String; 4], le: Option<&str>, value: u64) -> Metric {
     let pair = |name: &str, value: &str| {
         let mut p = LabelPair::default();

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
-use super::ladder::Ladders;
+use super::distinct::RefusedKeyGauges;
+use super::ladder::{LadderCollector, Ladders};
 use super::{LimitEvent, Observer};
 use crate::metrics::{counter, counter_vec, gauge_vec};
 use crate::policy::Policy;
@@ -62,8 +63,7 @@ pub struct RuleSeries {
     /// What candidate limits would have refused (a collector in the registry).
     ladders: Arc<Ladders>,
     /// Distinct keys refused in each rule's last completed window, and of those the new.
-    refused_keys: prometheus::IntGaugeVec,
-    newly_refused_keys: prometheus::IntGaugeVec,
+    refused_keys: RefusedKeyGauges,
 }
 
 struct RuleMetrics {
@@ -185,31 +185,13 @@ impl RuleSeries {
             last_sweep: Default::default(),
             skew: Default::default(),
             ladders,
-            refused_keys: gauge_vec(
-                r,
-                "sluice_rule_refused_keys",
-                "Distinct keys the rule refused (a shadow rule: would have refused) in its last completed window, fleet-wide: take the max over instances",
-                &["domain", "rule"],
-            ),
-            newly_refused_keys: gauge_vec(
-                r,
-                "sluice_rule_newly_refused_keys",
-                "Of those, keys it had not refused within REFUSED_KEYS_HISTORY before the window, fleet-wide: take the max over instances",
-                &["domain", "rule"],
-            ),
+            refused_keys: RefusedKeyGauges::register(r),
         }
     }
 
     /// A rule's counts of refused keys for its last completed window.
     pub fn refused_keys(&self, published: &super::Published) {
-        let labels = [published.domain.as_str(), published.rule.as_str()];
-        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        self.refused_keys
-            .with_label_values(&labels)
-            .set(clamp(published.counts.distinct));
-        self.newly_refused_keys
-            .with_label_values(&labels)
-            .set(clamp(published.counts.new));
+        self.refused_keys.set(published);
     }
 
     /// Replaces the process's ladder of candidate limits (before the first policy).
@@ -592,30 +574,7 @@ impl Observer for RuleSeries {
         self.retain(policy);
         self.set_limits(policy);
         self.ladders.policy_swapped(policy);
-        // Every rule says 0 until a window of its refuses a key (a series that exists, so
-        // that an alert on it can tell "none refused" from "not scraped"); a removed rule's go.
-        self.refused_keys.reset();
-        self.newly_refused_keys.reset();
-        for (domain, rule) in policy.rules_by_domain() {
-            if matches!(rule.limit, crate::policy::RuleLimit::Limited(_)) {
-                let labels = [domain, rule.stats_key.as_str()];
-                self.refused_keys.with_label_values(&labels).set(0);
-                self.newly_refused_keys.with_label_values(&labels).set(0);
-            }
-        }
-    }
-}
-
-/// The ladders as the registry collects them (the registry owns its collectors).
-struct LadderCollector(Arc<Ladders>);
-
-impl prometheus::core::Collector for LadderCollector {
-    fn desc(&self) -> Vec<&prometheus::core::Desc> {
-        self.0.desc()
-    }
-
-    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
-        self.0.collect()
+        self.refused_keys.follow(policy);
     }
 }
 

@@ -364,6 +364,23 @@ impl Store for Resilient {
     }
 }
 
+impl Resilient {
+    /// `call`, which nobody waits for, within the background deadline; refused at once while
+    /// the breaker is open.
+    fn in_background<'a, T: Send + 'a>(
+        &'a self,
+        what: &'static str,
+        call: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        Box::pin(async move {
+            if self.shared.breaker.is_open() {
+                return Err(StoreError::Unavailable("circuit breaker open".into()));
+            }
+            within(self.options.background_limit(), what, call).await
+        })
+    }
+}
+
 impl Shared for Resilient {
     /// Leases within the deadline, counted by the breaker like any call; while the breaker
     /// is open, an error at once (the leasing layer answers by the failure mode then).
@@ -409,49 +426,25 @@ impl Shared for Resilient {
         &'a self,
         asks: &'a [super::ClaimAsk],
     ) -> BoxFuture<'a, Result<Vec<super::ClaimGrant>, StoreError>> {
-        Box::pin(async move {
-            if self.shared.breaker.is_open() {
-                return Err(StoreError::Unavailable("circuit breaker open".into()));
-            }
-            let deadline = self.options.background_limit();
-            within(deadline, "the claims", self.shared.primary.claim(asks)).await
-        })
+        self.in_background("the claims", self.shared.primary.claim(asks))
     }
 
+    /// As the claims: the hashes stay for the next tick.
     fn add_refused<'a>(
         &'a self,
         adds: &'a [super::RefusedAdd],
     ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>> {
-        Box::pin(async move {
-            if self.shared.breaker.is_open() {
-                return Err(StoreError::Unavailable("circuit breaker open".into()));
-            }
-            let deadline = self.options.background_limit();
-            within(
-                deadline,
-                "the refused keys",
-                self.shared.primary.add_refused(adds),
-            )
-            .await
-        })
+        self.in_background("the refused keys", self.shared.primary.add_refused(adds))
     }
 
     fn close_refused<'a>(
         &'a self,
         closes: &'a [super::RefusedClose],
     ) -> BoxFuture<'a, Result<Vec<super::RefusedCounts>, StoreError>> {
-        Box::pin(async move {
-            if self.shared.breaker.is_open() {
-                return Err(StoreError::Unavailable("circuit breaker open".into()));
-            }
-            let deadline = self.options.background_limit();
-            within(
-                deadline,
-                "the refused keys",
-                self.shared.primary.close_refused(closes),
-            )
-            .await
-        })
+        self.in_background(
+            "the refused keys",
+            self.shared.primary.close_refused(closes),
+        )
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
