@@ -112,7 +112,12 @@ impl DistinctRefused {
             return;
         }
         let hash = key_hash(descriptor);
-        let window = limit.window().max(SECOND);
+        // The rule's own window: its first limit's, whichever of its limits refused.
+        let first = match &rule.limit {
+            crate::policy::RuleLimit::Limited(limits) => limits.first().unwrap_or(limit),
+            crate::policy::RuleLimit::Unlimited => limit,
+        };
+        let window = first.window().max(SECOND);
         let now = self.clock.now();
         let start = now - now % window;
         let mut rules = self.rules.lock();
