@@ -19,7 +19,9 @@ errors = []
 def err(msg): errors.append(msg)
 
 # Kinds defined by CRDs, which kubernetes-validate has no schema for: checked here instead.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+PLAIN_RULES = "deploy/prometheus/sluice-alerts.yaml"   # what a PrometheusRule must carry
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
+             ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 def load_docs(path):
     try:
@@ -65,8 +67,8 @@ def walk(kdir, stack=()):
         err(f"{kdir}: referenced as a kustomization but has no kustomization.yaml"); return
     docs = load_docs(kfile)
     k = docs[0] if docs else {}
-    if not isinstance(k, dict) or k.get("kind", "Kustomization") != "Kustomization":
-        err(f"{kfile}: not a Kustomization"); return
+    if not isinstance(k, dict) or k.get("kind", "Kustomization") not in ("Kustomization", "Component"):
+        err(f"{kfile}: not a Kustomization or a Component"); return
     objs, pats, gens = [], [], {}
     def ref(rel, what):
         p = os.path.normpath(os.path.join(kdir, rel))
@@ -245,6 +247,18 @@ for kdir, objs in sorted(objects_of.items()):
             for key in ("interval", "scrapeTimeout"):
                 if key in ep and not re.fullmatch(r"(\d+(ms|s|m|h))+", str(ep[key])):
                     err(f"{p}: {key} {ep[key]!r} is not a Prometheus duration")
+    # A PrometheusRule carries the groups of the plain rule file, unchanged.
+    for p, rule in by_kind.get("PrometheusRule", []):
+        groups = (rule.get("spec") or {}).get("groups")
+        if not isinstance(groups, list) or not groups:
+            err(f"{p}: PrometheusRule needs spec.groups"); continue
+        for g in groups:
+            for r in g.get("rules", []) or []:
+                if not r.get("expr") or not (r.get("alert") or r.get("record")):
+                    err(f"{p}: group {g.get('name')}: every rule needs expr and alert (or record)")
+        plain = load_docs(PLAIN_RULES)
+        if not plain or plain[0].get("groups") != groups:
+            err(f"{p}: spec.groups differ from {PLAIN_RULES}: keep the two the same")
 
 with open(os.path.join(work, "objects"), "w") as f:
     f.write("".join(p + "\n" for p in object_files))

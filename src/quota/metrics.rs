@@ -19,6 +19,9 @@ pub struct RlqsMetrics {
     pub(super) granted: GaugeVec,
     pub(super) shadow_denied: IntCounterVec,
     pub(super) refused_reports: IntCounterVec,
+    pub(super) refused_streams: IntCounterVec,
+    pub(super) max_streams: IntGauge,
+    pub(super) max_buckets: IntGauge,
 }
 
 impl RlqsMetrics {
@@ -96,6 +99,28 @@ impl RlqsMetrics {
                 }
                 refused
             },
+            refused_streams: {
+                let refused = counter_vec(
+                    registry,
+                    "sluice_rlqs_streams_refused_total",
+                    "RLQS streams refused when they opened: over_cap (RLQS_MAX_STREAMS open already, RESOURCE_EXHAUSTED), draining (UNAVAILABLE)",
+                    &["reason"],
+                );
+                for reason in ["over_cap", "draining"] {
+                    refused.with_label_values(&[reason]);
+                }
+                refused
+            },
+            max_streams: gauge(
+                registry,
+                "sluice_rlqs_max_streams",
+                "RLQS streams this instance takes at once (RLQS_MAX_STREAMS)",
+            ),
+            max_buckets: gauge(
+                registry,
+                "sluice_rlqs_max_buckets",
+                "RLQS buckets this instance tracks at most (RLQS_MAX_BUCKETS)",
+            ),
         }
     }
 }

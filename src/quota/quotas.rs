@@ -193,6 +193,9 @@ impl Quotas {
 
     /// Counts what happens in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<RlqsMetrics>) -> Self {
+        let cap = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        metrics.max_streams.set(cap(self.options.max_streams));
+        metrics.max_buckets.set(cap(self.options.max_buckets));
         self.metrics = Some(metrics);
         self
     }
@@ -229,10 +232,17 @@ impl Quotas {
     /// A new stream from `peer`, or why not.
     pub fn open(&self, peer: PeerId) -> Result<(StreamId, Arc<Outbox>), tonic::Status> {
         let mut state = self.state.lock();
+        let refused = |reason: &str| {
+            if let Some(m) = &self.metrics {
+                m.refused_streams.with_label_values(&[reason]).inc();
+            }
+        };
         if state.draining {
+            refused("draining");
             return Err(tonic::Status::unavailable("shutting down"));
         }
         if state.streams.len() >= self.options.max_streams {
+            refused("over_cap");
             return Err(tonic::Status::resource_exhausted(format!(
                 "{} RLQS streams are open, the most this instance takes (RLQS_MAX_STREAMS)",
                 self.options.max_streams
