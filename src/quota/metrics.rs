@@ -62,12 +62,25 @@ impl RlqsMetrics {
                 "sluice_rlqs_abandoned_total",
                 "RLQS buckets abandoned after going idle",
             ),
-            rejected: counter_vec(
-                registry,
-                "sluice_rlqs_rejected_buckets_total",
-                "RLQS buckets of reports not tracked, by reason",
-                &["reason"],
-            ),
+            rejected: {
+                let rejected = counter_vec(
+                    registry,
+                    "sluice_rlqs_rejected_buckets_total",
+                    "RLQS buckets of reports not tracked, by reason",
+                    &["reason"],
+                );
+                // Every reason from the start, so that an alert on them has series to read.
+                for reason in [
+                    "over_stream_cap",
+                    "over_instance_cap",
+                    "empty_bucket_id",
+                    "bucket_id_too_large",
+                    "empty_key",
+                ] {
+                    rejected.with_label_values(&[reason]);
+                }
+                rejected
+            },
             claim_errors: counter(
                 registry,
                 "sluice_rlqs_claim_errors_total",

@@ -16,6 +16,7 @@ mod cli;
 mod config_hostile;
 mod config_validation;
 mod connections;
+mod dashboard;
 mod docs_metrics;
 mod docs_reference;
 mod envoy;

@@ -221,7 +221,7 @@ const WINDOW: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Waits for the start of the next window (windows are aligned to the Unix epoch), so that a
 /// phase of requests falls in one window.
-async fn next_window() {
+pub async fn next_window() {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
