@@ -142,7 +142,9 @@ async fn every_panel_and_alert_evaluates_against_a_real_prometheus_scraping_a_fl
         .map(|_| SluiceProcess::on_redis(&dir, &redis, &["--redis-deadline", "2s"]))
         .collect();
     let targets: Vec<&str> = instances.iter().map(|i| i.http.as_str()).collect();
-    let prometheus = PrometheusServer::scraping(&targets).await;
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/prometheus/sluice-alerts.yaml");
+    let prometheus = PrometheusServer::scraping_with_rules(&targets, Some(&rules)).await;
 
     // One window: six keys refused by each rule (3 hits on a limit of 2), spread over the
     // three instances.
@@ -223,6 +225,27 @@ async fn every_panel_and_alert_evaluates_against_a_real_prometheus_scraping_a_fl
         query(&prometheus, &promql)
             .await
             .unwrap_or_else(|e| panic!("alert {alert}: {promql}: {e}"));
+    }
+
+    // Prometheus loaded the shipped rule file and evaluates every rule without error.
+    let addr = prometheus
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let (_, body) = crate::common::http_get(addr, "/api/v1/rules")
+        .await
+        .unwrap();
+    let loaded: Value = serde_json::from_str(&body).unwrap();
+    let rules: Vec<&Value> = loaded["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert_eq!(rules.len(), alert_queries().len(), "{body}");
+    for rule in rules {
+        assert_eq!(rule["health"], "ok", "{rule}");
     }
 
     // The variables resolve to this fleet's domain and rules.

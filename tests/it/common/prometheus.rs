@@ -18,14 +18,23 @@ impl PrometheusServer {
     /// Scrapes `/metrics` of each of `targets` (`host:port`) every second, as job `sluice`;
     /// waits until Prometheus is ready and has scraped every target once.
     pub async fn scraping(targets: &[&str]) -> Self {
+        Self::scraping_with_rules(targets, None).await
+    }
+
+    /// [`PrometheusServer::scraping`], evaluating the rule file at `rules` (a path) every
+    /// second.
+    pub async fn scraping_with_rules(targets: &[&str], rules: Option<&std::path::Path>) -> Self {
         let dir = temp_dir("prometheus");
         let list = targets
             .iter()
             .map(|t| format!("'{t}'"))
             .collect::<Vec<_>>()
             .join(", ");
+        let rule_files = rules.map_or(String::new(), |p| {
+            format!("rule_files:\n  - '{}'\n", p.display())
+        });
         let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: sluice\n    metrics_path: /metrics\n    static_configs:\n      - targets: [{list}]\n"
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{rule_files}scrape_configs:\n  - job_name: sluice\n    metrics_path: /metrics\n    static_configs:\n      - targets: [{list}]\n"
         );
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
         let port = free_port();
