@@ -405,6 +405,7 @@ impl Store for MemoryStore {
             detail: None,
             failure_mode_answers: Default::default(),
             leases: None,
+            evicts_counters: None,
         }
     }
 }

@@ -20,6 +20,7 @@ pub struct StoreMetrics {
     failure_mode_seen: Mutex<FailureModeAnswers>,
     memory: MemoryGauges,
     leases: LeaseMetrics,
+    evicts: IntGauge,
 }
 
 /// Leased quota: the blocks in hand and the calls and units that moved.
@@ -72,6 +73,11 @@ impl StoreMetrics {
             failure_mode_seen: Mutex::default(),
             memory: MemoryGauges::register(registry),
             leases: LeaseMetrics::register(registry),
+            evicts: gauge(
+                registry,
+                "sluice_store_evicts_counters",
+                "1 when the store can evict live counters of its own accord (Redis with maxmemory and a maxmemory-policy other than noeviction, read at start-up); an evicted counter starts again from zero",
+            ),
         }
     }
 
@@ -86,6 +92,8 @@ impl StoreMetrics {
     /// Sets the gauges (and counts new failure-mode answers) from the store's state now.
     pub fn observe(&self, store: &StoreStatus) {
         self.healthy.set(i64::from(store.healthy));
+        self.evicts
+            .set(i64::from(store.evicts_counters.unwrap_or(false)));
         self.memory.observe(store);
         if let Some(leases) = &store.leases {
             self.leases.observe(leases);

@@ -168,6 +168,9 @@ pub struct StoreStatus {
     pub failure_mode_answers: FailureModeAnswers,
     /// Leased quota, where the store leases.
     pub leases: Option<lease::LeaseStatus>,
+    /// Whether the store can evict live counters of its own accord (Redis with a `maxmemory`
+    /// and a policy other than `noeviction`); `None` when unknown or not applicable.
+    pub evicts_counters: Option<bool>,
 }
 
 /// The answers of calls that each took some of `n` asks (their indices), back in the asks'

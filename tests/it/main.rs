@@ -28,6 +28,7 @@ mod envoy_retry_after;
 mod envoy_rlqs;
 mod envoy_rlqs_fleet;
 mod envoy_tracing;
+mod faults;
 mod fuzz_service;
 mod grpc_tls;
 mod hostile_requests;

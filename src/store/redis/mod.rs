@@ -29,6 +29,7 @@ macro_rules! with_algorithms {
 mod claim;
 mod coalesce;
 mod connect;
+mod eviction;
 mod keys;
 mod lease;
 mod refused;
@@ -79,6 +80,8 @@ struct Shared {
     call_timeout: Duration,
     /// Requests waiting for the next script call (single node and Sentinel).
     queue: Queue,
+    /// Whether Redis's eviction policy can evict counters (read at start-up).
+    eviction: eviction::Eviction,
 }
 
 /// The script's arguments after the time (`ARGV[1]`), defined once: per request a header of
@@ -155,6 +158,7 @@ impl RedisStore {
                 jitter: keys::Jitter::new(options.expiration_jitter.as_secs()),
                 call_timeout: options.call_timeout,
                 queue: Queue::new(options.connections.max(1)),
+                eviction: Default::default(),
             }),
             kind: options.kind,
         })
@@ -480,6 +484,7 @@ impl Store for RedisStore {
             detail: None,
             failure_mode_answers: Default::default(),
             leases: None,
+            evicts_counters: self.shared.eviction.evicts(),
         }
     }
 }
@@ -550,6 +555,7 @@ impl crate::store::Shared for RedisStore {
                 }
             }
             tracing::info!("redis connections ready, script loaded");
+            self.check_eviction().await;
         })
     }
 }
