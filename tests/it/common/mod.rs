@@ -6,6 +6,7 @@ pub mod admin;
 pub mod certs;
 pub mod counters;
 pub mod envoy;
+pub mod faultproxy;
 pub mod health;
 pub mod otlp;
 pub mod process;
