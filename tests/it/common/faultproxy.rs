@@ -3,10 +3,8 @@
 //! to TCP, whose retransmissions deliver them once it heals), resets, one direction cut.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -35,8 +33,6 @@ pub struct FaultProxy {
     pub addr: SocketAddr,
     fault: watch::Sender<Fault>,
     task: tokio::task::JoinHandle<()>,
-    /// Connections accepted so far.
-    pub accepted: Arc<Mutex<u64>>,
 }
 
 impl FaultProxy {
@@ -45,23 +41,15 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (fault, watching) = watch::channel(Fault::None);
-        let accepted = Arc::new(Mutex::new(0));
-        let count = accepted.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
-                *count.lock() += 1;
                 tokio::spawn(connection(client, upstream, watching.clone()));
             }
         });
-        Self {
-            addr,
-            fault,
-            task,
-            accepted,
-        }
+        Self { addr, fault, task }
     }
 
     /// Applies `fault` from now on, to every connection.
@@ -96,9 +84,16 @@ async fn open(fault: &mut watch::Receiver<Fault>, to_redis: bool) -> Option<Dura
     }
 }
 
+/// SO_LINGER 0: a close sends RST at once. (tokio deprecates `set_linger` because a positive
+/// linger blocks the thread on drop; zero never waits.)
+#[allow(deprecated)]
+fn reset_on_close(stream: &TcpStream) {
+    let _ = stream.set_linger(Some(Duration::ZERO));
+}
+
 async fn connection(client: TcpStream, upstream: SocketAddr, mut fault: watch::Receiver<Fault>) {
     // Every close is a reset (SO_LINGER 0): a reset fault just drops the connection.
-    let _ = client.set_linger(Some(Duration::ZERO));
+    reset_on_close(&client);
     // A new connection waits out a black hole before it reaches Redis.
     if open(&mut fault, true).await.is_none() {
         return;
@@ -106,7 +101,7 @@ async fn connection(client: TcpStream, upstream: SocketAddr, mut fault: watch::R
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
-    let _ = server.set_linger(Some(Duration::ZERO));
+    reset_on_close(&server);
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
