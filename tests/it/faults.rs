@@ -272,3 +272,60 @@ async fn a_network_cut_one_way_never_over_admits() {
     )
     .await;
 }
+
+/// Redis restarted empty (no persistence) under load, each key half way to its limit: the
+/// counts are erased, and each key is admitted again up to its limit; never more than the
+/// limit plus what was erased (the documented cost of losing the store's memory), no error.
+/// (A key already refused is not: the over-limit cache answers it until its window ends.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_costs_at_most_the_erased_count() {
+    let mut redis = RedisServer::start();
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", redis.port).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await;
+    let (_instances, clients) = fleet_behind(&proxy, "deny", "200ms", 30).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let restart_at = Duration::from_millis(1000);
+    let mut restarted = None;
+    let history = drive(&clients, "f", &keys, 300, Duration::from_secs(5), |now| {
+        if now >= restart_at && restarted.is_none() {
+            restarted = Some(now);
+            redis.restart();
+        }
+    })
+    .await;
+    // What was counted before the kill: the requests sent before it (a request sent then and
+    // counted after the restart only makes the bound looser).
+    let killed = restarted.expect("restarted");
+    let before = check(
+        &history
+            .iter()
+            .filter(|s| s.at < killed)
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    let all = check(&history);
+    assert_eq!(all.errors, 0);
+    let mut over = 0;
+    for (key, admitted) in &all.admitted {
+        let erased = before.admitted.get(key).copied().unwrap_or(0);
+        assert!(
+            *admitted <= 30 + erased,
+            "{key}: {admitted} admitted, limit 30 plus {erased} erased"
+        );
+        over = over.max(admitted.saturating_sub(30));
+    }
+    // The fault happened: keys counted before the restart were admitted past their limit
+    // after it.
+    assert!(
+        before.admitted.values().all(|&a| a > 0),
+        "{:?}",
+        before.admitted
+    );
+    assert!(over > 0, "no key admitted past its limit after the restart");
+    eprintln!(
+        "a restart of Redis without persistence for 0 s: admitted max {} of 30 a key ({} over), erased at most {} a key",
+        all.admitted.values().max().unwrap_or(&0),
+        over,
+        before.admitted.values().max().unwrap_or(&0)
+    );
+}
