@@ -56,6 +56,8 @@ use crate::common::{descriptor, request};
 #[derive(Debug, Clone)]
 struct Sent {
     key: String,
+    /// The instance it was sent to.
+    instance: usize,
     at: Duration,
     took: Duration,
     answer: String,
@@ -108,7 +110,8 @@ async fn drive(
             next_tick = now + Duration::from_millis(50);
         }
         let key = keys[i % keys.len()].clone();
-        let mut client = clients[i % clients.len()].clone();
+        let instance = i % clients.len();
+        let mut client = clients[instance].clone();
         let req = request(domain, vec![descriptor(&[("k", &key)])]);
         tasks.push(tokio::spawn(async move {
             let sent = Instant::now();
@@ -118,6 +121,7 @@ async fn drive(
             };
             Sent {
                 key,
+                instance,
                 at: now,
                 took: sent.elapsed(),
                 answer,
@@ -144,6 +148,20 @@ async fn fleet_behind(
     deadline: &str,
     limit: u32,
 ) -> (Vec<SluiceProcess>, Vec<RateLimitServiceClient<Channel>>) {
+    fleet_behind_with(
+        proxy,
+        &["--failure-mode", mode, "--redis-deadline", deadline],
+        limit,
+    )
+    .await
+}
+
+/// [`fleet_behind`] with `args` for each instance.
+async fn fleet_behind_with(
+    proxy: &FaultProxy,
+    args: &[&str],
+    limit: u32,
+) -> (Vec<SluiceProcess>, Vec<RateLimitServiceClient<Channel>>) {
     let yaml = format!(
         "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: {limit}}}\n"
     );
@@ -151,19 +169,9 @@ async fn fleet_behind(
     let url = format!("redis://{}", proxy.addr);
     let instances: Vec<SluiceProcess> = (0..3)
         .map(|_| {
-            SluiceProcess::spawn(
-                &dir,
-                &[
-                    "--backend",
-                    "redis",
-                    "--redis-url",
-                    &url,
-                    "--redis-deadline",
-                    deadline,
-                    "--failure-mode",
-                    mode,
-                ],
-            )
+            let mut all = vec!["--backend", "redis", "--redis-url", &url];
+            all.extend_from_slice(args);
+            SluiceProcess::spawn(&dir, &all)
         })
         .collect();
     let clients = crate::common::process::clients(&instances).await;
@@ -327,5 +335,69 @@ async fn redis_restarted_empty_costs_at_most_the_erased_count() {
         all.admitted.values().max().unwrap_or(&0),
         over,
         before.admitted.values().max().unwrap_or(&0)
+    );
+}
+
+/// `failure_mode: local` through a black hole: while Redis does not answer, each of the three
+/// instances admits at most its share of the limit per key (30 / FAILURE_MODE_LOCAL_INSTANCES
+/// = 10), counted in its own memory; over the window a key is admitted at most the limit plus
+/// what the instances admitted locally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_under_failure_mode_local_admits_each_instance_its_share() {
+    let redis = RedisServer::start();
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", redis.port).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await;
+    let args = [
+        "--failure-mode",
+        "local",
+        "--failure-mode-local-instances",
+        "3",
+        "--redis-deadline",
+        "200ms",
+    ];
+    let (_instances, clients) = fleet_behind_with(&proxy, &args, 30).await;
+    // Few requests before the fault, so that no key is at its limit when it starts.
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let (fault_from, fault_to) = (Duration::from_millis(500), Duration::from_millis(2500));
+    let history = drive(&clients, "f", &keys, 300, Duration::from_secs(3), |now| {
+        proxy.set(if now >= fault_from && now < fault_to {
+            Fault::BlackHole
+        } else {
+            Fault::None
+        });
+    })
+    .await;
+    assert_eq!(check(&history).errors, 0);
+    // During the fault (from 300 ms in, once the deadline has passed), per key and instance.
+    let mut local: BTreeMap<(String, usize), u64> = BTreeMap::new();
+    for s in history.iter().filter(|s| {
+        s.at >= fault_from + Duration::from_millis(300) && s.at < fault_to && s.answer == "OK"
+    }) {
+        *local.entry((s.key.clone(), s.instance)).or_default() += 1;
+    }
+    for ((key, instance), admitted) in &local {
+        assert!(
+            *admitted <= 10,
+            "{key} on instance {instance}: {admitted} admitted locally, its share is 10"
+        );
+    }
+    // The fault happened: the instances admitted from their own memory, up to their shares.
+    let most = local.values().max().copied().unwrap_or(0);
+    assert!(most >= 5, "local admissions during the fault: {local:?}");
+    let all = check(&history);
+    for (key, admitted) in &all.admitted {
+        let locally: u64 = local
+            .iter()
+            .filter(|((k, _), _)| k == key)
+            .map(|(_, n)| n)
+            .sum();
+        assert!(
+            *admitted <= 30 + locally,
+            "{key}: {admitted} admitted, 30 + {locally} locally"
+        );
+    }
+    eprintln!(
+        "a black hole under failure_mode local for 2 s: admitted max {} of 30 a key, at most {most} of a share of 10 on one instance",
+        all.admitted.values().max().unwrap_or(&0)
     );
 }
