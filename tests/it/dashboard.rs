@@ -98,36 +98,7 @@ fn series_names(expr: &str) -> BTreeSet<String> {
 
 /// Prometheus's answer to an instant query: the result, or the error it gave.
 async fn query(prometheus: &PrometheusServer, promql: &str) -> Result<Vec<Value>, String> {
-    let path = format!("/api/v1/query?query={}", encode(promql));
-    let addr = prometheus
-        .url
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    let (status, body) = crate::common::http_get(addr, &path)
-        .await
-        .map_err(|e| e.to_string())?;
-    let json: Value = serde_json::from_str(&body).map_err(|e| format!("{status}: {e}: {body}"))?;
-    if json["status"] != "success" {
-        return Err(format!("{status}: {}", json["error"]));
-    }
-    Ok(json["data"]["result"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default())
-}
-
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    prometheus.instant(promql).await
 }
 
 fn value_of(result: &[Value]) -> Option<f64> {

@@ -75,18 +75,35 @@ impl PrometheusServer {
     /// The value of an instant query whose result is one sample; `None` otherwise (not ready,
     /// an error, no data).
     pub async fn query(&self, promql: &str) -> Option<f64> {
-        let path = format!("/api/v1/query?query={}", encode(promql));
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let (status, body) = super::http_get(addr, &path).await.ok()?;
-        if status != 200 {
-            return None;
-        }
-        let json: serde_json::Value = serde_json::from_str(&body).ok()?;
-        let result = json["data"]["result"].as_array()?;
-        match result.as_slice() {
+        match self.instant(promql).await.ok()?.as_slice() {
             [one] => one["value"][1].as_str()?.parse().ok(),
             _ => None,
         }
+    }
+
+    /// An instant query's result vector, or the error Prometheus gave.
+    pub async fn instant(&self, promql: &str) -> Result<Vec<serde_json::Value>, String> {
+        let body = self
+            .get(&format!("/api/v1/query?query={}", encode(promql)))
+            .await?;
+        let json: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        if json["status"] != "success" {
+            return Err(json["error"].to_string());
+        }
+        Ok(json["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// The body of `GET path` of Prometheus's HTTP API (any status).
+    pub async fn get(&self, path: &str) -> Result<String, String> {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let (_, body) = super::http_get(addr, path)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(body)
     }
 }
 
