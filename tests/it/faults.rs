@@ -209,10 +209,13 @@ async fn network_fault(name: &str, fault: Fault, recovery_bound: Duration) {
     }
     assert_eq!(verdict.errors, 0, "{history:?}");
     // The fault happened: requests sent during it were denied (the limits were not reached
-    // yet: each key had had at most a few dozen requests by then).
+    // yet: each key had had at most a few dozen requests by then). Not those sent within a
+    // deadline (200 ms) of either edge: one sent just before the heal is answered by Redis
+    // if its bytes arrive in time.
+    let margin = Duration::from_millis(300);
     let during: Vec<&Sent> = history
         .iter()
-        .filter(|s| s.at >= fault_from + Duration::from_millis(300) && s.at < fault_to)
+        .filter(|s| s.at >= fault_from + margin && s.at + margin < fault_to)
         .collect();
     assert!(!during.is_empty());
     assert!(
@@ -368,22 +371,33 @@ async fn a_black_hole_under_failure_mode_local_admits_each_instance_its_share() 
     })
     .await;
     assert_eq!(check(&history).errors, 0);
-    // During the fault (from 300 ms in, once the deadline has passed), per key and instance.
-    let mut local: BTreeMap<(String, usize), u64> = BTreeMap::new();
-    for s in history.iter().filter(|s| {
-        s.at >= fault_from + Duration::from_millis(300) && s.at < fault_to && s.answer == "OK"
-    }) {
-        *local.entry((s.key.clone(), s.instance)).or_default() += 1;
-    }
-    for ((key, instance), admitted) in &local {
+    // Admitted during the fault, per key and instance: `inner`, away from its edges by more
+    // than the deadline (surely answered from the instance's memory), checked against the
+    // share; `around`, the whole fault and a deadline after (every admission that may have
+    // been local), for the bound over the window.
+    let margin = Duration::from_millis(300);
+    let admitted_in = |from: Duration, to: Duration| {
+        let mut by: BTreeMap<(String, usize), u64> = BTreeMap::new();
+        for s in history
+            .iter()
+            .filter(|s| s.at >= from && s.at < to && s.answer == "OK")
+        {
+            *by.entry((s.key.clone(), s.instance)).or_default() += 1;
+        }
+        by
+    };
+    let inner = admitted_in(fault_from + margin, fault_to - margin);
+    let around = admitted_in(fault_from, fault_to + margin);
+    for ((key, instance), admitted) in &inner {
         assert!(
             *admitted <= 10,
             "{key} on instance {instance}: {admitted} admitted locally, its share is 10"
         );
     }
     // The fault happened: the instances admitted from their own memory, up to their shares.
-    let most = local.values().max().copied().unwrap_or(0);
-    assert!(most >= 5, "local admissions during the fault: {local:?}");
+    let most = inner.values().max().copied().unwrap_or(0);
+    assert!(most >= 2, "local admissions during the fault: {inner:?}");
+    let local = around;
     let all = check(&history);
     for (key, admitted) in &all.admitted {
         let locally: u64 = local
