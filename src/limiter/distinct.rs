@@ -167,93 +167,113 @@ impl DistinctRefused {
     /// hashes for the next tick.
     pub async fn tick(&self, store: &dyn Shared) -> Vec<Published> {
         let now = self.clock.now();
+        let due = self.due(now);
+        if !due.adds.is_empty() {
+            self.send(store, &due.add_rules, due.adds).await;
+        }
+        let mut out = Vec::new();
+        if !due.closes.is_empty() {
+            out = self.count(store, &due.close_rules, &due.closes).await;
+        }
+        out.extend(self.zeros(now));
+        out
+    }
+
+    /// What this tick has to do: the new hashes of each open window, the windows to count.
+    fn due(&self, now: Micros) -> Due {
         let grace = GRACE.as_micros() as Micros;
-        let history = self.history;
-        let (adds, closes) = {
-            let mut rules = self.rules.lock();
-            let mut adds = Vec::new();
-            let mut closes = Vec::new();
-            for (rule, r) in rules.iter_mut() {
-                for (&start, s) in r.open.iter_mut() {
-                    if !s.pending.is_empty() {
-                        adds.push((
-                            rule.clone(),
-                            RefusedAdd {
-                                set: r.set.clone(),
-                                start,
-                                ttl: Duration::from_micros(3 * r.window) + 2 * GRACE,
-                                level: s.level,
-                                hashes: std::mem::take(&mut s.pending),
-                            },
-                        ));
-                    }
-                    if start + r.window + grace <= now {
-                        let keep = Duration::from_micros(4 * r.window).max(Duration::from_secs(60));
-                        closes.push((
-                            rule.clone(),
-                            RefusedClose {
-                                set: r.set.clone(),
-                                start,
-                                history,
-                                counts_ttl: keep,
-                            },
-                        ));
-                    }
+        let mut due = Due::default();
+        for (rule, r) in self.rules.lock().iter_mut() {
+            for (&start, s) in r.open.iter_mut() {
+                if !s.pending.is_empty() {
+                    due.add_rules.push(rule.clone());
+                    due.adds.push(RefusedAdd {
+                        set: r.set.clone(),
+                        start,
+                        ttl: Duration::from_micros(3 * r.window) + 2 * GRACE,
+                        level: s.level,
+                        hashes: std::mem::take(&mut s.pending),
+                    });
+                }
+                if start + r.window + grace <= now {
+                    due.close_rules.push(rule.clone());
+                    due.closes.push(RefusedClose {
+                        set: r.set.clone(),
+                        start,
+                        history: self.history,
+                        counts_ttl: Duration::from_micros(4 * r.window)
+                            .max(Duration::from_secs(60)),
+                    });
                 }
             }
-            (adds, closes)
+        }
+        due
+    }
+
+    /// Sends `adds` (of `rules`, in order); raises each sample to the store's level, or keeps
+    /// its hashes for the next tick when the store fails.
+    async fn send(&self, store: &dyn Shared, rules: &[String], adds: Vec<RefusedAdd>) {
+        let answer = store.add_refused(&adds).await;
+        if let Err(e) = &answer {
+            tracing::debug!(error = %e, "refused keys not sent to the store; next tick");
+        }
+        let mut samples = self.rules.lock();
+        for (i, (rule, add)) in rules.iter().zip(adds).enumerate() {
+            let Some(s) = samples
+                .get_mut(rule)
+                .and_then(|r| r.open.get_mut(&add.start))
+            else {
+                continue;
+            };
+            match &answer {
+                Ok(levels) => s.raise(levels.get(i).copied().unwrap_or(0)),
+                Err(_) => s.pending.extend(add.hashes),
+            }
+        }
+    }
+
+    /// Has the store count `closes` (of `rules`, in order); the counts not published yet.
+    async fn count(
+        &self,
+        store: &dyn Shared,
+        rules: &[String],
+        closes: &[RefusedClose],
+    ) -> Vec<Published> {
+        let counts = match store.close_refused(closes).await {
+            Ok(counts) => counts,
+            Err(e) => {
+                tracing::debug!(error = %e, "refused keys not counted; next tick");
+                return Vec::new();
+            }
         };
         let mut out = Vec::new();
-        if !adds.is_empty() {
-            let batch: Vec<RefusedAdd> = adds.iter().map(|(_, a)| a.clone()).collect();
-            let answer = store.add_refused(&batch).await;
-            let mut rules = self.rules.lock();
-            for (i, (rule, add)) in adds.into_iter().enumerate() {
-                let Some(s) = rules
-                    .get_mut(&rule)
-                    .and_then(|r| r.open.get_mut(&add.start))
-                else {
-                    continue;
-                };
-                match &answer {
-                    Ok(levels) => s.raise(levels.get(i).copied().unwrap_or(0)),
-                    Err(_) => s.pending.extend(add.hashes),
-                }
-            }
-            if let Err(e) = &answer {
-                tracing::debug!(error = %e, "refused keys not sent to the store; next tick");
+        let mut samples = self.rules.lock();
+        for ((rule, close), counts) in rules.iter().zip(closes).zip(counts) {
+            let Some(r) = samples.get_mut(rule) else {
+                continue;
+            };
+            r.open.remove(&close.start);
+            if r.published.is_none_or(|(p, _)| p < close.start) {
+                r.published = Some((close.start, counts.distinct > 0));
+                out.push(Published {
+                    domain: r.domain.clone(),
+                    rule: rule.clone(),
+                    counts,
+                });
             }
         }
-        if !closes.is_empty() {
-            let batch: Vec<RefusedClose> = closes.iter().map(|(_, c)| c.clone()).collect();
-            match store.close_refused(&batch).await {
-                Ok(counts) => {
-                    let mut rules = self.rules.lock();
-                    for ((rule, close), counts) in closes.into_iter().zip(counts) {
-                        let Some(r) = rules.get_mut(&rule) else {
-                            continue;
-                        };
-                        r.open.remove(&close.start);
-                        if r.published.is_none_or(|(p, _)| p < close.start) {
-                            r.published = Some((close.start, counts.distinct > 0));
-                            out.push(Published {
-                                domain: r.domain.clone(),
-                                rule: rule.clone(),
-                                counts,
-                            });
-                        }
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "refused keys not counted; next tick"),
-            }
-        }
-        // A rule whose last completed window had no refusal here says 0 for it.
-        let mut rules = self.rules.lock();
-        for (rule, r) in rules.iter_mut() {
+        out
+    }
+
+    /// Zeros for the rules whose last completed window had no refusal here, after counts that
+    /// were not zero.
+    fn zeros(&self, now: Micros) -> Vec<Published> {
+        let counted = now.saturating_sub(GRACE.as_micros() as Micros);
+        let mut out = Vec::new();
+        for (rule, r) in self.rules.lock().iter_mut() {
             let Some((published, true)) = r.published else {
                 continue;
             };
-            let counted = now.saturating_sub(grace);
             let last = (counted - counted % r.window).saturating_sub(r.window);
             let waiting = r.open.keys().any(|&start| start <= last);
             if last > published && !waiting {
@@ -267,6 +287,15 @@ impl DistinctRefused {
         }
         out
     }
+}
+
+/// One tick's work: what to add and what to count, each with its rule (same order).
+#[derive(Default)]
+struct Due {
+    add_rules: Vec<String>,
+    adds: Vec<RefusedAdd>,
+    close_rules: Vec<String>,
+    closes: Vec<RefusedClose>,
 }
 
 /// Each rule's gauges of distinct and new refused keys (`sluice_rule_refused_keys`,

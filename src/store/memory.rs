@@ -16,6 +16,7 @@
 //! one-hit keys evicts its own kind, and the counters in real use, those that have been
 //! charged again and again and are the ones near their limits, survive it.
 
+mod slot;
 mod table;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -29,13 +30,11 @@ use super::{
     Applied, Batch, BoxFuture, CounterOp, Grant, LeaseAsk, Store, StoreError, StoreStatus, Take,
     admitted,
 };
-use crate::algorithm::{
-    self, Algorithm, Micros, SECOND, State, Transition, concurrency, fixed_window, sliding_window,
-    token_bucket,
-};
+use crate::algorithm::{self, Algorithm, Micros, SECOND, State, Transition};
 use crate::clock::Clock;
 
 use super::digest::{DigestMap, Digester, Sharded};
+use slot::Slot;
 use table::{Digest, Table};
 
 /// Counters drawn at random to choose a victim when a full shard must evict. With a fraction
@@ -101,28 +100,6 @@ struct Shared {
 struct Shard {
     entries: Table<Slot>,
     last_purge: Micros,
-}
-
-/// A counter's state packed into 32 bytes, so that an entry (with its 16-byte digest) takes
-/// 48 bytes, instead of the 56 of the `State` enum and an expiry with the key. The algorithm is
-/// not stored: it is part of the key. Counts are kept in 64 bits (a usage budget's overdraft
-/// can pass any 32-bit number), saturating; the expiry in whole seconds, rounded up (a state
-/// read after its expiry equals no state anyway: every algorithm reads an old state as it
-/// would read none, so a second's grace only delays the purge).
-#[derive(Clone, Copy)]
-struct Slot {
-    /// A fixed window's start; a sliding window's last charge; for a token bucket the bits of
-    /// its theoretical arrival time.
-    word: u64,
-    /// The count; for a sliding window the previous window's count; for a token bucket the
-    /// time of its last charge.
-    first: u64,
-    /// A sliding window's current count.
-    second: u64,
-    /// Unix second (rounded up) from which the state equals no state.
-    expires: u32,
-    /// Hits charged since the counter was created (saturating): what eviction spares.
-    charged: u32,
 }
 
 // === impl MemoryStore ===
@@ -535,62 +512,6 @@ impl Shard {
             .get(key)
             .filter(|slot| slot.live(now))
             .map(|slot| slot.unpack(algorithm))
-    }
-}
-
-// An entry: the digest and the packed state (docs/performance.md counts on it).
-const _: () = assert!(size_of::<(Digest, Slot)>() == 48);
-
-// === impl Slot ===
-
-impl Slot {
-    fn pack(state: State, expires_at: Micros) -> Self {
-        let (word, first, second) = match state {
-            State::FixedWindow(w) => (w.start, w.count, 0),
-            State::SlidingWindow(w) => (w.last, w.previous, w.current),
-            State::TokenBucket(b) => (b.tat.to_bits(), b.last, 0),
-            State::Concurrency(c) => (0, c.count, 0),
-        };
-        let seconds = expires_at.div_ceil(SECOND);
-        Self {
-            word,
-            first,
-            second,
-            expires: u32::try_from(seconds).unwrap_or(u32::MAX),
-            charged: 0,
-        }
-    }
-
-    /// Whether the state still differs from no state at `now`.
-    fn live(&self, now: Micros) -> bool {
-        self.expires_at() > now
-    }
-
-    /// The instant from which the state equals no state (rounded up to a second).
-    fn expires_at(&self) -> Micros {
-        u64::from(self.expires) * SECOND
-    }
-
-    /// The state, read as `algorithm`'s (the algorithm a counter's key names).
-    fn unpack(&self, algorithm: Algorithm) -> State {
-        match algorithm {
-            Algorithm::FixedWindow => State::FixedWindow(fixed_window::Window {
-                start: self.word,
-                count: self.first,
-            }),
-            Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::Windows {
-                last: self.word,
-                previous: self.first,
-                current: self.second,
-            }),
-            Algorithm::TokenBucket => State::TokenBucket(token_bucket::Bucket {
-                tat: f64::from_bits(self.word),
-                last: self.first,
-            }),
-            Algorithm::Concurrency => {
-                State::Concurrency(concurrency::InFlight { count: self.first })
-            }
-        }
     }
 }
 

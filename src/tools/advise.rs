@@ -137,45 +137,7 @@ pub async fn run(args: AdviseArgs) -> Result<(), ToolError> {
                 prometheus.url
             )));
         }
-        for (labels, value) in samples {
-            let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
-            if *what == "enforced" {
-                enforced.insert((label("domain"), label("rule")), value);
-                continue;
-            }
-            let key = (
-                label("domain"),
-                label("rule"),
-                label("window"),
-                label("algorithm"),
-            );
-            if *what != "key_windows" && !rules.contains_key(&key) {
-                continue;
-            }
-            let data = rules.entry(key).or_default();
-            let rung = || labels.get("le").and_then(|le| le.parse::<f64>().ok());
-            match *what {
-                "key_windows" => data.key_windows = value,
-                "hits" => data.hits = value,
-                "windows_past" | "hits_past" => {
-                    let Some(r) = rung().filter(|r| r.is_finite()) else {
-                        continue;
-                    };
-                    let entry = data.rungs.entry(Rung(r)).or_default();
-                    if *what == "windows_past" {
-                        entry.0 = value;
-                    } else {
-                        entry.1 = value;
-                    }
-                }
-                "limit" => data.limit = data.limit.or(Some(value)),
-                // A token bucket's ratios apply to its burst.
-                "burst" => data.limit = Some(value),
-                "limit_changes" => data.limit_changes = value,
-                "reaches" => data.reaches = true,
-                _ => {}
-            }
-        }
+        fill(what, samples, &mut rules, &mut enforced);
     }
     let _ = write!(progress, "\r\x1b[K");
     let _ = progress.flush();
@@ -190,6 +152,55 @@ pub async fn run(args: AdviseArgs) -> Result<(), ToolError> {
         .map(|(key, data)| advise(key, data, &args))
         .collect();
     print(&advice, &args, &prometheus.url)
+}
+
+/// Records one query's samples (`what` names the query): the enforced refusals by rule, the
+/// rest into each limit's data (a limit is known by its key-windows, the first query).
+fn fill(
+    what: &str,
+    samples: Vec<(BTreeMap<String, String>, f64)>,
+    rules: &mut BTreeMap<RuleKey, RuleData>,
+    enforced: &mut BTreeMap<(String, String), f64>,
+) {
+    for (labels, value) in samples {
+        let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        if what == "enforced" {
+            enforced.insert((label("domain"), label("rule")), value);
+            continue;
+        }
+        let key = (
+            label("domain"),
+            label("rule"),
+            label("window"),
+            label("algorithm"),
+        );
+        if what != "key_windows" && !rules.contains_key(&key) {
+            continue;
+        }
+        let data = rules.entry(key).or_default();
+        let rung = || labels.get("le").and_then(|le| le.parse::<f64>().ok());
+        match what {
+            "key_windows" => data.key_windows = value,
+            "hits" => data.hits = value,
+            "windows_past" | "hits_past" => {
+                let Some(r) = rung().filter(|r| r.is_finite()) else {
+                    continue;
+                };
+                let entry = data.rungs.entry(Rung(r)).or_default();
+                if what == "windows_past" {
+                    entry.0 = value;
+                } else {
+                    entry.1 = value;
+                }
+            }
+            "limit" => data.limit = data.limit.or(Some(value)),
+            // A token bucket's ratios apply to its burst.
+            "burst" => data.limit = Some(value),
+            "limit_changes" => data.limit_changes = value,
+            "reaches" => data.reaches = true,
+            _ => {}
+        }
+    }
 }
 
 /// One limit's advice.
@@ -367,130 +378,142 @@ fn human(seconds: f64) -> String {
 }
 
 fn print(advice: &[Advice], args: &AdviseArgs, url: &str) -> Result<(), ToolError> {
-    let mut out = std::io::stdout().lock();
-    let write = |e: std::io::Error| ToolError::Rpc(format!("cannot write: {e}"));
-    if args.json {
-        let rules: Vec<Value> = advice
-            .iter()
-            .map(|a| {
-                let (domain, rule, window, algorithm) = &a.key;
-                json!({
-                    "domain": domain,
-                    "rule": rule,
-                    "window_seconds": window.trim_end_matches('s').parse::<f64>().unwrap_or(0.0),
-                    "algorithm": algorithm,
-                    "limit": a.limit,
-                    "key_windows": a.key_windows.round(),
-                    "hits": a.hits.round(),
-                    "peaks": a.peaks.iter().map(|(q, p)| json!({"quantile": q, "peak": p.json()})).collect::<Vec<_>>(),
-                    "candidates": a.candidates.iter().map(|&(r, limit, windows, hits)| json!({
-                        "ratio": r, "limit": limit, "key_windows_refused": windows, "hits_refused": hits,
-                    })).collect::<Vec<_>>(),
-                    "recommendation": a.recommended.map(|(limit, hits, windows)| json!({
-                        "limit": limit, "hits_refused_at_most": hits, "key_windows_refused_at_most": windows,
-                        "trusted": a.warnings.is_empty(),
-                    })),
-                    "warnings": a.warnings,
-                })
+    let text = if args.json {
+        format!("{}\n", json_of(advice, args, url))
+    } else {
+        let mut text = format!(
+            "From {url}, the last {}; the legitimate peak is the p{} of per-key window peaks, the headroom {} %.\n",
+            human(args.range.as_secs_f64()),
+            args.quantile * 100.0,
+            (args.headroom * 100.0).round()
+        );
+        for a in advice {
+            text.push_str(&text_of(a));
+        }
+        text
+    };
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .map_err(|e| ToolError::Rpc(format!("cannot write: {e}")))
+}
+
+/// The advice as `--json` prints it.
+fn json_of(advice: &[Advice], args: &AdviseArgs, url: &str) -> Value {
+    let rules: Vec<Value> = advice
+        .iter()
+        .map(|a| {
+            let (domain, rule, window, algorithm) = &a.key;
+            json!({
+                "domain": domain,
+                "rule": rule,
+                "window_seconds": window.trim_end_matches('s').parse::<f64>().unwrap_or(0.0),
+                "algorithm": algorithm,
+                "limit": a.limit,
+                "key_windows": a.key_windows.round(),
+                "hits": a.hits.round(),
+                "peaks": a.peaks.iter().map(|(q, p)| json!({"quantile": q, "peak": p.json()})).collect::<Vec<_>>(),
+                "candidates": a.candidates.iter().map(|&(r, limit, windows, hits)| json!({
+                    "ratio": r, "limit": limit, "key_windows_refused": windows, "hits_refused": hits,
+                })).collect::<Vec<_>>(),
+                "recommendation": a.recommended.map(|(limit, hits, windows)| json!({
+                    "limit": limit, "hits_refused_at_most": hits, "key_windows_refused_at_most": windows,
+                    "trusted": a.warnings.is_empty(),
+                })),
+                "warnings": a.warnings,
             })
-            .collect();
-        let json = json!({
-            "prometheus": url,
-            "range_seconds": args.range.as_secs(),
-            "quantile": args.quantile,
-            "headroom": args.headroom,
-            "rules": rules,
-        });
-        return writeln!(out, "{json}").map_err(write);
-    }
-    writeln!(
+        })
+        .collect();
+    json!({
+        "prometheus": url,
+        "range_seconds": args.range.as_secs(),
+        "quantile": args.quantile,
+        "headroom": args.headroom,
+        "rules": rules,
+    })
+}
+
+/// One limit's advice as text.
+fn text_of(a: &Advice) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let (domain, rule, window, algorithm) = &a.key;
+    let limit = a.limit.map_or("unknown".into(), |l| format!("{l}"));
+    let _ = writeln!(
         out,
-        "From {url}, the last {}; the legitimate peak is the p{} of per-key window peaks, the headroom {} %.",
-        human(args.range.as_secs_f64()),
-        args.quantile * 100.0,
-        (args.headroom * 100.0).round()
-    )
-    .map_err(write)?;
-    for a in advice {
-        let (domain, rule, window, algorithm) = &a.key;
-        writeln!(
+        "\n{rule} (domain {domain}, {algorithm}, window {window})"
+    );
+    let _ = writeln!(out, "  configured limit   {limit}");
+    let _ = writeln!(
+        out,
+        "  key-windows seen   {}   hits measured {}",
+        a.key_windows.round(),
+        a.hits.round()
+    );
+    if !a.peaks.is_empty() {
+        let peaks: Vec<String> = a
+            .peaks
+            .iter()
+            .map(|(q, p)| format!("p{} {}", q * 100.0, p.text()))
+            .collect();
+        let _ = writeln!(
             out,
-            "\n{rule} (domain {domain}, {algorithm}, window {window})"
-        )
-        .map_err(write)?;
-        let limit = a.limit.map_or("unknown".into(), |l| format!("{l}"));
-        writeln!(out, "  configured limit   {limit}").map_err(write)?;
-        writeln!(
-            out,
-            "  key-windows seen   {}   hits measured {}",
-            a.key_windows.round(),
-            a.hits.round()
-        )
-        .map_err(write)?;
-        if !a.peaks.is_empty() {
-            let peaks: Vec<String> = a
-                .peaks
-                .iter()
-                .map(|(q, p)| format!("p{} {}", q * 100.0, p.text()))
-                .collect();
-            writeln!(
-                out,
-                "  per-key peaks      {}   (hits in a window; within one rung of the ladder)",
-                peaks.join("  ")
-            )
-            .map_err(write)?;
-        }
-        // One row per candidate limit (small limits repeat across rungs), from the last that
-        // refuses every key-window, through the first that refuses none.
-        let mut shown: Vec<&(f64, f64, f64, f64)> = Vec::new();
-        for c in &a.candidates {
-            if c.1 < 1.0 || shown.last().is_some_and(|last| last.1 == c.1) {
-                continue;
-            }
-            if c.2 >= a.key_windows && shown.last().is_some_and(|last| last.2 >= a.key_windows) {
-                shown.pop();
-            }
-            shown.push(c);
-            if c.2 == 0.0 && c.0 >= 1.0 {
-                break;
-            }
-        }
-        if !shown.is_empty() {
-            writeln!(
-                out,
-                "  {:>10}  {:>8}  {:>14}  {:>19}",
-                "candidate", "x limit", "hits refused", "key-windows refused"
-            )
-            .map_err(write)?;
-            for &&(r, limit, windows, hits) in &shown {
-                let r = (r * 1000.0).round() / 1000.0;
-                let mark = if (r - 1.0).abs() < 1e-9 {
-                    "  <- configured"
-                } else {
-                    ""
-                };
-                writeln!(
-                    out,
-                    "  {limit:>10}  {r:>8}  {hits:>14}  {windows:>19}{mark}"
-                )
-                .map_err(write)?;
-            }
-        }
-        for w in &a.warnings {
-            writeln!(out, "  warning: {w}").map_err(write)?;
-        }
-        match (a.recommended, a.warnings.is_empty()) {
-            (Some((limit, hits, windows)), true) => writeln!(
-                out,
-                "  recommended limit  {limit}   (would have refused at most {hits} hits from {windows} key-windows)"
-            ),
-            (Some((limit, _, _)), false) => writeln!(
-                out,
-                "  recommended limit  none: the data are too thin (above); tentatively {limit}"
-            ),
-            (None, _) => writeln!(out, "  recommended limit  none (above)"),
-        }
-        .map_err(write)?;
+            "  per-key peaks      {}   (hits in a window; within one rung of the ladder)",
+            peaks.join("  ")
+        );
     }
-    Ok(())
+    let shown = shown_candidates(a);
+    if !shown.is_empty() {
+        let _ = writeln!(
+            out,
+            "  {:>10}  {:>8}  {:>14}  {:>19}",
+            "candidate", "x limit", "hits refused", "key-windows refused"
+        );
+        for &(r, limit, windows, hits) in shown {
+            let r = (r * 1000.0).round() / 1000.0;
+            let mark = if (r - 1.0).abs() < 1e-9 {
+                "  <- configured"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "  {limit:>10}  {r:>8}  {hits:>14}  {windows:>19}{mark}"
+            );
+        }
+    }
+    for w in &a.warnings {
+        let _ = writeln!(out, "  warning: {w}");
+    }
+    let _ = match (a.recommended, a.warnings.is_empty()) {
+        (Some((limit, hits, windows)), true) => writeln!(
+            out,
+            "  recommended limit  {limit}   (would have refused at most {hits} hits from {windows} key-windows)"
+        ),
+        (Some((limit, _, _)), false) => writeln!(
+            out,
+            "  recommended limit  none: the data are too thin (above); tentatively {limit}"
+        ),
+        (None, _) => writeln!(out, "  recommended limit  none (above)"),
+    };
+    out
+}
+
+/// The candidates worth a row: one per candidate limit (small limits repeat across rungs),
+/// from the last that refuses every key-window through the first that refuses none.
+fn shown_candidates(a: &Advice) -> Vec<&(f64, f64, f64, f64)> {
+    let mut shown: Vec<&(f64, f64, f64, f64)> = Vec::new();
+    for c in &a.candidates {
+        if c.1 < 1.0 || shown.last().is_some_and(|last| last.1 == c.1) {
+            continue;
+        }
+        if c.2 >= a.key_windows && shown.last().is_some_and(|last| last.2 >= a.key_windows) {
+            shown.pop();
+        }
+        shown.push(c);
+        if c.2 == 0.0 && c.0 >= 1.0 {
+            break;
+        }
+    }
+    shown
 }

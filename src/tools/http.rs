@@ -62,7 +62,7 @@ pub async fn get(
 }
 
 /// A chunked body's data.
-fn dechunk(mut body: &str) -> String {
+pub fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
         let Ok(size) = usize::from_str_radix(size.trim(), 16) else {

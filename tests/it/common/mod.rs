@@ -514,7 +514,7 @@ pub async fn http_with_headers(
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
-        dechunk(body)
+        sluice::tools::http::dechunk(body)
     } else {
         body.to_owned()
     };
@@ -524,21 +524,6 @@ pub async fn http_with_headers(
 /// GET `path`.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     http(addr, "GET", path, "").await
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// Writes `text` to `dir/name` beside the file, then renames it over: how tools and ConfigMaps
