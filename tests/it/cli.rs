@@ -22,10 +22,21 @@ fn sluice(args: &[&str]) -> std::process::Output {
 #[test]
 fn a_bad_setting_exits_64_with_one_line_naming_it() {
     let dir = crate::common::config_dir("cli-bad-setting", &[("c.yaml", CONFIG)]);
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--grpc-addr", "not-an-address"], "--grpc-addr"),
         (&["--near-limit-ratio", "2"], "NEAR_LIMIT_RATIO"),
         (&["--shadow-mode=perhaps"], "--shadow-mode"),
+        (
+            &[
+                "--redis-type",
+                "cluster",
+                "--redis-url",
+                "127.0.0.1:1",
+                "--redis-wait-replicas",
+                "1",
+            ],
+            "REDIS_WAIT_REPLICAS is for a single Redis or Sentinel",
+        ),
     ];
     for (args, named) in cases {
         let mut argv = vec!["serve", "--config", dir.to_str().unwrap()];

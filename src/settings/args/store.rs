@@ -58,6 +58,15 @@ pub struct StoreArgs {
     #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value = "300")]
     expiration_jitter_max_seconds: u64,
 
+    /// Replicas that must hold each count before it is answered (0: none)
+    ///
+    /// After each script call Sluice sends WAIT for this many replicas, for at most
+    /// REDIS_DEADLINE; fewer acknowledgements answer by the failure mode. A failover then
+    /// cannot lose a count Sluice admitted on, at the cost of a replication round trip per
+    /// call (docs/operations/faults.md). Single Redis and Sentinel only.
+    #[arg(long, env = "REDIS_WAIT_REPLICAS", default_value = "0")]
+    redis_wait_replicas: u32,
+
     /// Cap on counters the memory store tracks
     #[arg(long, env = "MEMORY_MAX_KEYS", default_value = "1000000", value_parser = parse_count::<NonZeroU64>)]
     memory_max_keys: NonZeroU64,
@@ -230,6 +239,7 @@ impl StoreArgs {
             connect_timeout: Duration::ZERO,
             call_timeout: deadline,
             expiration_jitter: Duration::from_secs(self.expiration_jitter_max_seconds),
+            wait_replicas: self.redis_wait_replicas,
         };
         let redis = match backend {
             Backend::Memory => None,

@@ -65,6 +65,9 @@ pub struct RedisOptions {
     /// Most random time added to a reference-layout counter's expiry
     /// (`EXPIRATION_JITTER_MAX_SECONDS`; whole seconds).
     pub expiration_jitter: Duration,
+    /// Replicas that must hold a script call's writes before its answer counts
+    /// (`REDIS_WAIT_REPLICAS`; 0: none waited for). Single node and Sentinel only.
+    pub wait_replicas: u32,
 }
 
 /// Makes and keeps connections.
@@ -77,7 +80,18 @@ struct Inner {
     target: Target,
     slots: Vec<Slot>,
     connect_timeout: Duration,
+    /// Sentinel: the master the latest connection was made to (`host:port`), compared with
+    /// what the Sentinels name by [`follow_sentinel`].
+    master: Mutex<Option<String>>,
+    /// Sentinel: whether [`follow_sentinel`] runs.
+    following: AtomicBool,
 }
+
+/// How often a Sentinel is asked which master it names. Connections move to a new master
+/// within this of its promotion, even while the old one still accepts writes (Sentinel
+/// demotes a reachable old master only seconds later, and what it counted meanwhile is lost
+/// with it).
+const SENTINEL_POLL: Duration = Duration::from_millis(500);
 
 /// One connection, made in the background: a request waiting for it may give up at its
 /// deadline without abandoning the connection attempt (a slow TLS handshake still finishes).
@@ -107,6 +121,7 @@ impl RedisOptions {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(1),
             expiration_jitter: Duration::ZERO,
+            wait_replicas: 0,
         }
     }
 }
@@ -121,7 +136,11 @@ pub(super) enum ConnHandle {
 enum Target {
     Node(Client),
     Cluster(ClusterClient),
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
+    Sentinel {
+        client: tokio::sync::Mutex<SentinelClient>,
+        /// The master's name in the Sentinels' configuration.
+        name: String,
+    },
 }
 
 impl Connector {
@@ -185,7 +204,10 @@ impl Connector {
                     SentinelServerType::Master,
                 )
                 .map_err(|e| format!("invalid sentinel settings: {e}"))?;
-                Target::Sentinel(tokio::sync::Mutex::new(client))
+                Target::Sentinel {
+                    client: tokio::sync::Mutex::new(client),
+                    name: master.to_owned(),
+                }
             }
         };
         let slots = (0..options.connections.max(1))
@@ -201,6 +223,8 @@ impl Connector {
                 target,
                 slots,
                 connect_timeout: options.connect_timeout,
+                master: Mutex::new(None),
+                following: AtomicBool::new(false),
             }),
             next: AtomicUsize::new(0),
         })
@@ -208,6 +232,7 @@ impl Connector {
 
     /// A connection (round robin over the slots), waiting for it to be made if needed.
     pub async fn get(&self) -> Result<(usize, ConnHandle), StoreError> {
+        self.follow();
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
         let slot = &self.inner.slots[i];
         if let Some(conn) = slot.current() {
@@ -241,8 +266,18 @@ impl Connector {
     /// Forgets connection `i` so that the next use makes a new one (after errors that
     /// reconnecting the same address will not fix, e.g. a Sentinel failover).
     pub fn reset(&self, i: usize) {
-        if matches!(self.inner.target, Target::Sentinel(_)) {
+        if matches!(self.inner.target, Target::Sentinel { .. }) {
             *self.inner.slots[i].conn.write() = None;
+        }
+    }
+
+    /// Starts [`follow_sentinel`] once, for a Sentinel target (from the first use: it needs
+    /// the runtime).
+    fn follow(&self) {
+        if matches!(self.inner.target, Target::Sentinel { .. })
+            && !self.inner.following.swap(true, Ordering::AcqRel)
+        {
+            tokio::spawn(follow_sentinel(Arc::downgrade(&self.inner)));
         }
     }
 
@@ -291,13 +326,65 @@ impl Inner {
                 .await
                 .map(ConnHandle::Cluster)
                 .map_err(StoreError::from),
-            Target::Sentinel(sentinel) => {
-                let client = sentinel.lock().await.async_get_client().await?;
+            Target::Sentinel { client, .. } => {
+                let client = client.lock().await.async_get_client().await?;
+                *self.master.lock() = Some(client.get_connection_info().addr().to_string());
                 client
                     .get_connection_manager_with_config(manager_config)
                     .await
                     .map(ConnHandle::Node)
                     .map_err(StoreError::from)
+            }
+        }
+    }
+}
+
+/// Asks a Sentinel every [`SENTINEL_POLL`] which master it names and, when that is not the
+/// one the connections were made to, drops them all so that the next use connects to the new
+/// master. Without it a connection follows a failover only at its first error, and an old
+/// master that is still reachable answers without error until Sentinel demotes it. Ends with
+/// the store.
+async fn follow_sentinel(inner: std::sync::Weak<Inner>) {
+    let mut sentinel: Option<redis::aio::MultiplexedConnection> = None;
+    loop {
+        tokio::time::sleep(SENTINEL_POLL).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let Target::Sentinel { client, name } = &inner.target else {
+            return;
+        };
+        let asked = tokio::time::timeout(inner.connect_timeout, async {
+            if sentinel.is_none() {
+                let client = client.lock().await.async_get_sentinel_client().await?;
+                sentinel = Some(client.get_multiplexed_async_connection().await?);
+            }
+            let conn = sentinel.as_mut().expect("connected above");
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(name)
+                .query_async::<Option<(String, u16)>>(conn)
+                .await
+        })
+        .await;
+        let named = match asked {
+            Ok(Ok(Some((host, port)))) => format!("{host}:{port}"),
+            // Not known (yet), or this Sentinel failed: the next poll asks again (another
+            // Sentinel when this one cannot be reached).
+            Ok(Ok(None)) => continue,
+            Ok(Err(_)) | Err(_) => {
+                sentinel = None;
+                continue;
+            }
+        };
+        let mut master = inner.master.lock();
+        if let Some(old) = master.as_deref()
+            && old != named
+        {
+            tracing::warn!(old, new = %named, "sentinel names a new redis master: reconnecting");
+            *master = None;
+            for slot in &inner.slots {
+                *slot.conn.write() = None;
             }
         }
     }

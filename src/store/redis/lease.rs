@@ -6,6 +6,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use redis::aio::ConnectionManager;
 use redis::{Cmd, Script};
 
 use super::{ConnHandle, RedisStore, Shared, query, slot};
@@ -114,7 +115,10 @@ impl Shared {
     ) -> Result<T, StoreError> {
         let (index, conn) = self.connector.get().await?;
         let result = match conn {
-            ConnHandle::Node(mut c) => query(script, cmd, &mut c).await,
+            ConnHandle::Node(mut c) => match query(script, cmd, &mut c).await {
+                Ok(value) => self.wait_for_replicas(&mut c).await.map(|()| value),
+                Err(e) => Err(e),
+            },
             ConnHandle::Cluster(mut c) => query(script, cmd, &mut c).await,
         };
         result.map_err(|e| {
@@ -124,6 +128,34 @@ impl Shared {
             }
             error
         })
+    }
+}
+
+impl Shared {
+    /// With `REDIS_WAIT_REPLICAS`, waits (`WAIT`, at most the call timeout) until that many
+    /// replicas hold what this connection wrote so far, the script call just made included;
+    /// fewer is an error (the failure mode answers): a count only the master holds can be
+    /// lost by a failover.
+    async fn wait_for_replicas(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+        if self.wait_replicas == 0 {
+            return Ok(());
+        }
+        let acknowledged: u32 = redis::cmd("WAIT")
+            .arg(self.wait_replicas)
+            .arg(self.call_timeout.as_millis().max(1) as u64)
+            .query_async(conn)
+            .await?;
+        if acknowledged >= self.wait_replicas {
+            return Ok(());
+        }
+        Err(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown),
+            "REDIS_WAIT_REPLICAS not met",
+            format!(
+                "{acknowledged} of {} replicas acknowledged the write",
+                self.wait_replicas
+            ),
+        )))
     }
 }
 

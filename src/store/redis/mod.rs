@@ -82,6 +82,8 @@ struct Shared {
     queue: Queue,
     /// Whether Redis's eviction policy can evict counters (read at start-up).
     eviction: eviction::Eviction,
+    /// Replicas every script call waits for (`REDIS_WAIT_REPLICAS`).
+    wait_replicas: u32,
 }
 
 /// The script's arguments after the time (`ARGV[1]`), defined once: per request a header of
@@ -150,6 +152,11 @@ impl RedisStore {
     /// Validates `options` and prepares the clients; connections are made by
     /// [`Shared::warm_up`](crate::store::Shared::warm_up) or on first use.
     pub fn new(options: &RedisOptions) -> Result<Self, String> {
+        if options.wait_replicas > 0 && options.kind == RedisKind::Cluster {
+            return Err(
+                "REDIS_WAIT_REPLICAS is for a single Redis or Sentinel: WAIT cannot cover a Cluster's writes (each master has its own replicas)".into(),
+            );
+        }
         Ok(Self {
             shared: Arc::new(Shared {
                 connector: Connector::new(options)?,
@@ -159,6 +166,7 @@ impl RedisStore {
                 call_timeout: options.call_timeout,
                 queue: Queue::new(options.connections.max(1)),
                 eviction: Default::default(),
+                wait_replicas: options.wait_replicas,
             }),
             kind: options.kind,
         })

@@ -300,6 +300,27 @@ pub struct RedisSentinel {
 
 impl RedisSentinel {
     pub fn start(master: &RedisServer, name: &str) -> Self {
+        Self::start_quorum(master, name, 1)
+    }
+
+    /// `count` Sentinels watching `master` with a majority quorum, once each knows the others
+    /// (a failover needs them to agree).
+    pub fn group(master: &RedisServer, name: &str, count: usize) -> Vec<Self> {
+        let sentinels: Vec<Self> = (0..count)
+            .map(|_| Self::start_quorum(master, name, count / 2 + 1))
+            .collect();
+        let usable = format!("OK {count} usable Sentinels");
+        for sentinel in &sentinels {
+            eventually_blocking("sentinels to know each other", || {
+                sentinel
+                    .try_command(&["SENTINEL", "CKQUORUM", name])
+                    .is_ok_and(|r| r.contains(&usable))
+            });
+        }
+        sentinels
+    }
+
+    fn start_quorum(master: &RedisServer, name: &str, quorum: usize) -> Self {
         let program = master.program;
         let dir = super::temp_dir("sentinel");
         let port = free_port();
@@ -307,7 +328,7 @@ impl RedisSentinel {
         std::fs::write(
             &config,
             format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {name} 127.0.0.1 {} 1\nsentinel down-after-milliseconds {name} 1000\n",
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {name} 127.0.0.1 {} {quorum}\nsentinel down-after-milliseconds {name} 1000\n",
                 dir.display(),
                 master.port
             ),
