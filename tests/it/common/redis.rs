@@ -217,7 +217,12 @@ impl RedisCluster {
     /// A three-master Cluster of `program` (`redis-server` or `valkey-server`), created with
     /// redis-cli (the Cluster protocol is the same).
     pub fn start_program(program: &'static str) -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_replicated(program, 0)
+    }
+
+    /// Three masters with `replicas` replicas each (`nodes[0..3]` are the masters).
+    pub fn start_replicated(program: &'static str, replicas: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 RedisServer::start_program(
                     program,
@@ -239,7 +244,7 @@ impl RedisCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli not found: run ./scripts/test, which installs redis-server");
         assert!(
@@ -253,7 +258,58 @@ impl RedisCluster {
                     .is_ok_and(|r| r.contains("cluster_state:ok"))
             });
         }
+        // redis-cli makes the first three nodes the masters; replicas sync before use.
+        for node in &nodes[3..] {
+            eventually_blocking("a cluster replica to sync", || {
+                command(node.port, &["INFO", "replication"])
+                    .is_ok_and(|r| r.contains("master_link_status:up"))
+            });
+        }
         Self { nodes }
+    }
+
+    /// Moves hash slot `slot` from node `from` to node `to` as `redis-cli --cluster reshard`
+    /// does (IMPORTING and MIGRATING, then the keys with MIGRATE, then the new owner told to
+    /// every master), calling `between()` after the first half of its keys has moved: while
+    /// it runs, clients get ASK for the moved keys; afterwards, MOVED.
+    pub fn migrate_slot(&self, from: usize, to: usize, slot: u16, between: impl FnOnce()) {
+        let (source, target) = (&self.nodes[from], &self.nodes[to]);
+        let id = |n: &RedisServer| bulk_lines(&n.command(&["CLUSTER", "MYID"]))[0].clone();
+        let (source_id, target_id) = (id(source), id(target));
+        let slot = slot.to_string();
+        let ok = |reply: String| assert!(reply.starts_with("+OK"), "{reply}");
+        ok(target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]));
+        ok(source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]));
+        let keys = bulk_lines(&source.command(&["CLUSTER", "GETKEYSINSLOT", &slot, "1000"]));
+        let port = target.port.to_string();
+        let (first, rest) = keys.split_at(keys.len() / 2);
+        let migrate = |batch: &[String]| {
+            for key in batch {
+                let reply = source.command(&["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
+                assert!(reply.starts_with("+OK") || reply.starts_with("+NOKEY"), "{reply}");
+            }
+        };
+        migrate(first);
+        between();
+        migrate(rest);
+        for node in self.nodes.iter().take(3) {
+            ok(node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]));
+        }
+    }
+
+    /// The hash slots of the keys node `node` holds.
+    pub fn slots_with_keys(&self, node: usize) -> Vec<u16> {
+        let node = &self.nodes[node];
+        let mut slots: Vec<u16> = bulk_lines(&node.command(&["KEYS", "*"]))
+            .iter()
+            .map(|key| {
+                let reply = node.command(&["CLUSTER", "KEYSLOT", key]);
+                reply.trim_start_matches(':').parse().unwrap()
+            })
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots
     }
 
     /// The seed list for `--redis-url`.
@@ -276,6 +332,16 @@ pub fn cluster_args(url: &str) -> [&str; 6] {
         "--redis-url",
         url,
     ]
+}
+
+/// The strings of a RESP array of bulk strings (or a single bulk string) as `command`
+/// returns it.
+fn bulk_lines(reply: &str) -> Vec<String> {
+    reply
+        .split("\r\n")
+        .filter(|l| !l.is_empty() && !l.starts_with('*') && !l.starts_with('$'))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Sends a command in RESP and reads what arrives within a short time.
