@@ -286,7 +286,10 @@ impl RedisCluster {
         let migrate = |batch: &[String]| {
             for key in batch {
                 let reply = source.command(&["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
-                assert!(reply.starts_with("+OK") || reply.starts_with("+NOKEY"), "{reply}");
+                assert!(
+                    reply.starts_with("+OK") || reply.starts_with("+NOKEY"),
+                    "{reply}"
+                );
             }
         };
         migrate(first);

@@ -41,7 +41,10 @@ async fn slots_migrated_under_load_keep_counting_exact() {
     assert!(!slots.is_empty(), "no counter on the first master to move");
     assert!(cluster.slots_with_keys(0).is_empty());
     let moved = cluster.slots_with_keys(1);
-    assert!(slots.iter().all(|s| moved.contains(s)), "{slots:?} not all on {moved:?}");
+    assert!(
+        slots.iter().all(|s| moved.contains(s)),
+        "{slots:?} not all on {moved:?}"
+    );
     let verdict = check(&history);
     assert_eq!(verdict.errors, 0);
     let refused = refused_under(&history, 60, 5);
@@ -55,7 +58,11 @@ async fn slots_migrated_under_load_keep_counting_exact() {
     );
     assert_eq!(over(&verdict, 60), 0);
     // Exact: every key got its 60 (each was sent 90).
-    assert!(verdict.admitted.values().all(|&a| a == 60), "{:?}", verdict.admitted);
+    assert!(
+        verdict.admitted.values().all(|&a| a == 60),
+        "{:?}",
+        verdict.admitted
+    );
     assert!(refused.is_empty(), "{refused:?}");
 }
 
@@ -89,22 +96,39 @@ async fn a_cluster_master_killed_under_load_loses_at_most_the_replication_lag() 
     // The fault happened: requests were refused short of their limits after the kill.
     let refused = refused_under(&history, 75, 5);
     let outage: Vec<_> = refused.iter().filter(|s| s.at >= killed).collect();
-    assert!(!outage.is_empty(), "no request answered by the failure mode");
+    assert!(
+        !outage.is_empty(),
+        "no request answered by the failure mode"
+    );
     let last = outage.iter().map(|s| s.at).max().unwrap();
     let over = over(&verdict, 75);
-    let bound = sent_between(&history, killed.saturating_sub(Duration::from_millis(200)), killed);
+    let bound = sent_between(
+        &history,
+        killed.saturating_sub(Duration::from_millis(200)),
+        killed,
+    );
     // Counting again after the promotion (about 3.5 s after the kill).
     let late_ok = history
         .iter()
         .filter(|s| s.at >= killed + Duration::from_secs(4) && s.answer == "OK")
         .count();
-    let under: u64 = verdict.admitted.values().map(|&a| 75u64.saturating_sub(a)).sum();
+    let under: u64 = verdict
+        .admitted
+        .values()
+        .map(|&a| 75u64.saturating_sub(a))
+        .sum();
     eprintln!(
         "a Cluster master killed for {:?}: admitted max {} of 75 a key, {over} over (bound {bound}), {} refused short of the limit after the kill, {under} under in all, {late_ok} admitted from 4 s after the kill",
         last - killed,
         verdict.admitted.values().max().unwrap_or(&0),
         outage.len(),
     );
-    assert!(over <= bound, "{over} over, more than the {bound} sent in the 200 ms before the kill");
-    assert!(late_ok > 0, "nothing admitted after the promotion: the fleet did not count again");
+    assert!(
+        over <= bound,
+        "{over} over, more than the {bound} sent in the 200 ms before the kill"
+    );
+    assert!(
+        late_ok > 0,
+        "nothing admitted after the promotion: the fleet did not count again"
+    );
 }

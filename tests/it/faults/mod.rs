@@ -180,4 +180,3 @@ pub(super) fn over(verdict: &Verdict, limit: u64) -> u64 {
 pub(super) fn sent_between(history: &[Sent], from: Duration, to: Duration) -> u64 {
     history.iter().filter(|s| s.at >= from && s.at < to).count() as u64
 }
-

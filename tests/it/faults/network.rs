@@ -245,4 +245,3 @@ async fn a_black_hole_under_failure_mode_local_admits_each_instance_its_share() 
         all.admitted.values().max().unwrap_or(&0)
     );
 }
-

@@ -85,7 +85,10 @@ async fn a_sentinel_failover_under_load_is_followed_within_a_poll() {
     // The fault happened: the replica was promoted during the run, and the fleet counted on
     // it afterwards (a replica runs no script of its own).
     let promoted = promoted.expect("the replica was not promoted during the run");
-    assert!(command_calls(&replica, "evalsha") > 0, "nothing counted on the new master");
+    assert!(
+        command_calls(&replica, "evalsha") > 0,
+        "nothing counted on the new master"
+    );
     let verdict = check(&history);
     assert_eq!(verdict.errors, 0);
     let over = over(&verdict, 150);
@@ -139,7 +142,10 @@ async fn a_sentinel_master_killed_under_load_loses_at_most_the_replication_lag()
     .await;
     let killed = killed.expect("killed");
     let promoted = promoted.expect("the replica was not promoted during the run");
-    assert!(command_calls(&replica, "evalsha") > 0, "nothing counted on the new master");
+    assert!(
+        command_calls(&replica, "evalsha") > 0,
+        "nothing counted on the new master"
+    );
     let verdict = check(&history);
     assert_eq!(verdict.errors, 0);
     // The failure mode answered while there was no master: requests sent between the kill
@@ -157,7 +163,11 @@ async fn a_sentinel_master_killed_under_load_loses_at_most_the_replication_lag()
         .min()
         .expect("nothing admitted after the kill");
     let over = over(&verdict, 120);
-    let bound = sent_between(&history, killed.saturating_sub(Duration::from_millis(200)), killed);
+    let bound = sent_between(
+        &history,
+        killed.saturating_sub(Duration::from_millis(200)),
+        killed,
+    );
     eprintln!(
         "the Sentinel master killed for {:?}: admitted max {} of 120 a key, {over} over in all of {} sent (bound {bound}), {} failure-mode answers, counting again {recovery:?} after the kill",
         promoted - killed,
@@ -165,7 +175,10 @@ async fn a_sentinel_master_killed_under_load_loses_at_most_the_replication_lag()
         history.len(),
         outage.len()
     );
-    assert!(over <= bound, "{over} over, more than the {bound} sent in the 200 ms before the kill");
+    assert!(
+        over <= bound,
+        "{over} over, more than the {bound} sent in the 200 ms before the kill"
+    );
     assert!(recovery < Duration::from_secs(10), "{recovery:?}");
 }
 
@@ -202,7 +215,8 @@ async fn waiting_for_a_replica_never_over_admits_through_a_failover() {
             failed_over = Some(now);
             sentinel.command(&["SENTINEL", "FAILOVER", "faults"]);
         }
-        if failed_over.is_some() && promoted.is_none() && (is_master(&replica) || is_master(&other)) {
+        if failed_over.is_some() && promoted.is_none() && (is_master(&replica) || is_master(&other))
+        {
             promoted = Some(now);
         }
     })
