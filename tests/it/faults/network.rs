@@ -245,3 +245,92 @@ async fn a_black_hole_under_failure_mode_local_admits_each_instance_its_share() 
         all.admitted.values().max().unwrap_or(&0)
     );
 }
+
+/// Redis killed (`kill -9`) and restarted under load with an append-only file (`appendonly
+/// yes`, `appendfsync` `fsync`), each key half way to its limit: the restarted Redis loads
+/// every count it acknowledged (a process killed loses nothing its kernel received; `everysec`
+/// loses up to a second only when the machine itself fails), so no key is admitted past its
+/// limit; the failure mode answers while Redis is down and loading; no error.
+async fn restarted_with_persistence(fsync: &str) {
+    let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", fsync]);
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", redis.port).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await;
+    let (_instances, clients) = fleet_behind(&proxy, "deny", "200ms", 30).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let restart_at = Duration::from_millis(1000);
+    let mut restarted = None;
+    let history = drive(&clients, "f", &keys, 300, Duration::from_secs(5), |now| {
+        if now >= restart_at && restarted.is_none() {
+            restarted = Some(now);
+            redis.restart();
+        }
+    })
+    .await;
+    let killed = restarted.expect("restarted");
+    let all = check(&history);
+    assert_eq!(all.errors, 0);
+    // The fault happened: counts made before the kill are in the restarted Redis (its keys
+    // exist), and every key was taken to its limit after it.
+    let before = check(
+        &history
+            .iter()
+            .filter(|s| s.at < killed)
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    assert!(before.admitted.values().all(|&a| a > 0 && a < 30), "{:?}", before.admitted);
+    assert!(all.admitted.values().all(|&a| a == 30), "{:?}", all.admitted);
+    eprintln!(
+        "a restart of Redis with appendfsync {fsync} for 0 s: admitted max {} of 30 a key (0 over), at most {} a key counted before the kill",
+        all.admitted.values().max().unwrap_or(&0),
+        before.admitted.values().max().unwrap_or(&0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_with_an_append_only_file_keeps_every_count() {
+    restarted_with_persistence("always").await;
+    restarted_with_persistence("everysec").await;
+}
+
+/// The network to Redis flapping: black-holed for 200 ms, then open for 200 ms, for 2 s under
+/// load (the fleet and load of [`network_fault`], keys of 45 a day, each sent 60): never over
+/// the limit, no error, every
+/// answer within the deadline plus scheduling, and counting again after the last heal. The
+/// fault happened: some requests were answered by the failure mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_network_to_redis_never_over_admits() {
+    let redis = RedisServer::start();
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", redis.port).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await;
+    let (_instances, clients) = fleet_behind(&proxy, "deny", "200ms", 45).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let (from, to) = (Duration::from_millis(500), Duration::from_millis(2500));
+    let history = drive(&clients, "f", &keys, 300, Duration::from_secs(4), |now| {
+        let flapping = now >= from && now < to;
+        let down = flapping && ((now - from).as_millis() / 200) % 2 == 0;
+        proxy.set(if down { Fault::BlackHole } else { Fault::None });
+    })
+    .await;
+    let verdict = check(&history);
+    assert_eq!(verdict.errors, 0);
+    assert!(verdict.admitted.values().all(|&a| a <= 45), "{:?}", verdict.admitted);
+    let refused = super::refused_under(&history, 45, 5);
+    assert!(!refused.is_empty(), "nothing answered by the failure mode");
+    let recovery = history
+        .iter()
+        .filter(|s| s.at >= to && s.answer == "OK")
+        .map(|s| s.at - to)
+        .min()
+        .expect("nothing admitted after the flapping");
+    eprintln!(
+        "a flapping network (200 ms down, 200 ms up) for 2 s: admitted max {} of 45 a key ({} in all), {} refused short of the limit, slowest answer {:?}, recovery {recovery:?}",
+        verdict.admitted.values().max().unwrap_or(&0),
+        verdict.admitted.values().sum::<u64>(),
+        refused.len(),
+        verdict.slowest
+    );
+    assert!(verdict.slowest < Duration::from_millis(1500), "{:?}", verdict.slowest);
+    // The bound was put to the test: keys reached their limit after the flapping.
+    assert!(verdict.admitted.values().any(|&a| a == 45), "{:?}", verdict.admitted);
+}
