@@ -44,10 +44,11 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
-    /// Starts a replica of `master` and waits until its replication link is up.
+    /// Starts a replica of `master` (the same program) and waits until its replication link
+    /// is up.
     pub fn replica_of(master: &RedisServer) -> Self {
         let port = master.port.to_string();
-        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let replica = Self::start_program(master.program, &["--replicaof", "127.0.0.1", &port]);
         eventually_blocking("replica to sync with its master", || {
             command(replica.port, &["INFO", "replication"])
                 .is_ok_and(|r| r.contains("master_link_status:up"))

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod eviction;
+mod lease;
 mod network;
 mod sentinel;
 

@@ -278,8 +278,16 @@ async fn restarted_with_persistence(fsync: &str) {
             .cloned()
             .collect::<Vec<_>>(),
     );
-    assert!(before.admitted.values().all(|&a| a > 0 && a < 30), "{:?}", before.admitted);
-    assert!(all.admitted.values().all(|&a| a == 30), "{:?}", all.admitted);
+    assert!(
+        before.admitted.values().all(|&a| a > 0 && a < 30),
+        "{:?}",
+        before.admitted
+    );
+    assert!(
+        all.admitted.values().all(|&a| a == 30),
+        "{:?}",
+        all.admitted
+    );
     eprintln!(
         "a restart of Redis with appendfsync {fsync} for 0 s: admitted max {} of 30 a key (0 over), at most {} a key counted before the kill",
         all.admitted.values().max().unwrap_or(&0),
@@ -314,7 +322,11 @@ async fn a_flapping_network_to_redis_never_over_admits() {
     .await;
     let verdict = check(&history);
     assert_eq!(verdict.errors, 0);
-    assert!(verdict.admitted.values().all(|&a| a <= 45), "{:?}", verdict.admitted);
+    assert!(
+        verdict.admitted.values().all(|&a| a <= 45),
+        "{:?}",
+        verdict.admitted
+    );
     let refused = super::refused_under(&history, 45, 5);
     assert!(!refused.is_empty(), "nothing answered by the failure mode");
     let recovery = history
@@ -330,7 +342,15 @@ async fn a_flapping_network_to_redis_never_over_admits() {
         refused.len(),
         verdict.slowest
     );
-    assert!(verdict.slowest < Duration::from_millis(1500), "{:?}", verdict.slowest);
+    assert!(
+        verdict.slowest < Duration::from_millis(1500),
+        "{:?}",
+        verdict.slowest
+    );
     // The bound was put to the test: keys reached their limit after the flapping.
-    assert!(verdict.admitted.values().any(|&a| a == 45), "{:?}", verdict.admitted);
+    assert!(
+        verdict.admitted.values().any(|&a| a == 45),
+        "{:?}",
+        verdict.admitted
+    );
 }

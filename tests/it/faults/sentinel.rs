@@ -117,7 +117,18 @@ async fn a_sentinel_failover_under_load_is_followed_within_a_poll() {
 /// kill; no error; counting again within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_master_killed_under_load_loses_at_most_the_replication_lag() {
-    let mut master = RedisServer::start();
+    master_killed("redis-server").await;
+}
+
+/// [`a_sentinel_master_killed_under_load_loses_at_most_the_replication_lag`] on Valkey (its
+/// server and its Sentinel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valkey_sentinel_master_killed_under_load_loses_at_most_the_replication_lag() {
+    master_killed("valkey-server").await;
+}
+
+async fn master_killed(program: &'static str) {
+    let mut master = RedisServer::start_program(program, &[]);
     let replica = RedisServer::replica_of(&master);
     let sentinels = RedisSentinel::group(&master, "faults", 3);
     crate::common::eventually_blocking("sentinels to know the replica", || {
@@ -169,7 +180,7 @@ async fn a_sentinel_master_killed_under_load_loses_at_most_the_replication_lag()
         killed,
     );
     eprintln!(
-        "the Sentinel master killed for {:?}: admitted max {} of 120 a key, {over} over in all of {} sent (bound {bound}), {} failure-mode answers, counting again {recovery:?} after the kill",
+        "the Sentinel master ({program}) killed for {:?}: admitted max {} of 120 a key, {over} over in all of {} sent (bound {bound}), {} failure-mode answers, counting again {recovery:?} after the kill",
         promoted - killed,
         verdict.admitted.values().max().unwrap_or(&0),
         history.len(),
