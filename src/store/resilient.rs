@@ -299,13 +299,16 @@ impl Resilient {
 fn fixed_answer(op: &CounterOp, now: crate::algorithm::Micros) -> Decision {
     let reset = op.limit.window_left(now);
     if op.failure_mode == FailureMode::Deny {
+        // A check of 0 hits is refused too: it is how a usage budget admits a stream
+        // (`hits_addend: 0`), whose usage could not be charged while the store fails.
+        // Releases and refunds (negative hits) pass: they only give back.
         Decision {
             overdraft: 0,
-            allowed: op.hits <= 0,
+            allowed: op.hits < 0,
             remaining: 0,
             reset_after: reset,
             // The outage's end is unknown; a second is a polite first retry.
-            retry_after: (op.hits > 0).then_some(reset.min(SECOND)),
+            retry_after: (op.hits >= 0).then_some(reset.min(SECOND)),
         }
     } else {
         Decision {

@@ -282,3 +282,63 @@ async fn envoy_keeps_its_share_across_a_restart_of_sluice() {
     // again (the restart's allowance, at most one burst).
     assert_within_bound(&all, 2.0 + BURST);
 }
+
+/// A replica killed with `kill -9` while it holds its part of the budget (issue 42;
+/// docs/operations/faults.md): its Envoy keeps enforcing the assignment it last got until its
+/// TTL (10 s), then denies (`DENY_ALL`: nothing to reach); its claim stays counted in Redis
+/// until it ends, 5 s after that TTL, so the fleet never admits past the bound, and then the
+/// survivor's Envoy takes the whole budget. The cost: the dead replica's part, unused from
+/// the kill until its claim ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_with_its_claim_keeps_the_bound_and_its_part_returns() {
+    let redis = RedisServer::start();
+    let dir = config_dir("rlqs-kill", &[("rq.yaml", RULES)]);
+    let ports = [free_port(), free_port()];
+    let mut replicas = vec![
+        replica(&dir, &redis, ports[0]),
+        replica(&dir, &redis, ports[1]),
+    ];
+    let (a, b) = tokio::join!(
+        envoy(ports[0], "{blanket_rule: DENY_ALL}"),
+        envoy(ports[1], "{blanket_rule: DENY_ALL}"),
+    );
+    let fronts = [a.1, b.1];
+    // Both busy, the budget divided between the replicas.
+    let first = all_busy(&fronts, |admitted, now| {
+        let recent: Vec<usize> = admitted
+            .iter()
+            .map(|a| in_last(a, now, Duration::from_secs(5)))
+            .collect();
+        recent[0].min(recent[1]) * 2 >= recent[0].max(recent[1])
+    })
+    .await;
+    let mut all: Vec<Instant> = first.concat();
+    // The second replica dies holding its claim; both Envoys stay busy until the survivor's
+    // admits at least 90 % of the whole rate over 2 s.
+    let mut dead = replicas.pop().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    let second = hammer_until(
+        &fronts,
+        "the survivor's Envoy takes the dead replica's part",
+        |a, now| in_last(&a[0], now, Duration::from_secs(2)) as f64 >= 0.9 * RATE * 2.0,
+    )
+    .await;
+    let whole = Instant::now() - killed;
+    let orphan_last = second[1].last().map(|at| *at - killed);
+    eprintln!(
+        "an RLQS replica killed: the survivor's Envoy admits the whole rate {whole:.1?} after the kill; the dead replica's Envoy admitted {} more, the last {orphan_last:.1?} after the kill",
+        second[1].len()
+    );
+    // The dead replica's Envoy enforced what it held, for at most its TTL (and a report).
+    assert!(
+        orphan_last.is_none_or(|t| t <= Duration::from_secs(11)),
+        "{orphan_last:?}"
+    );
+    // The part came back only once the dead claim could have ended (the TTL and 5 s).
+    assert!(whole >= Duration::from_secs(10), "{whole:?}");
+    all.extend(second.concat());
+    all.sort();
+    assert_within_bound(&all, 2.0);
+}

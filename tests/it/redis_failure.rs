@@ -94,6 +94,11 @@ async fn a_paused_redis_costs_no_waiting_and_follows_each_failure_mode() {
     let denied = ask(&server, "closed", "a").await;
     assert!(!ok(&denied));
     assert_eq!(denied.response_headers_to_add[0].key, "retry-after");
+    // A check of 0 hits (how a usage budget admits a stream) is refused too: its usage could
+    // not be charged. A refund passes (it only gives back).
+    let closed = server.domain("closed");
+    assert!(closed.charges(&[("k=a", 0)]).await.is_over_limit());
+    assert!(!closed.charges(&[("k=a", -1)]).await.is_over_limit());
     // local: this instance's share of the limit (6 / 3 instances = 2).
     let local: Vec<bool> = answers(&server, "local", "a", 4).await;
     assert_eq!(local, [true, true, false, false]);
@@ -114,11 +119,11 @@ async fn a_paused_redis_costs_no_waiting_and_follows_each_failure_mode() {
         value(r#"ratelimit_service_should_rate_limit_error{err_type="redis_error"}"#),
         value("sluice_store_errors_total")
     );
-    // allow: the five opens (and the calls that opened the breaker); deny: one; local: four.
+    // allow: the five opens (and the calls that opened the breaker); deny: three; local: four.
     assert!(value(r#"sluice_failure_mode_decisions_total{mode="allow"}"#) >= Some(5.0));
     assert_eq!(
         value(r#"sluice_failure_mode_decisions_total{mode="deny"}"#),
-        Some(1.0)
+        Some(3.0)
     );
     assert_eq!(
         value(r#"sluice_failure_mode_decisions_total{mode="local"}"#),

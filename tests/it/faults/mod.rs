@@ -2,7 +2,10 @@
 //! against the bound the docs promise (issue 42; docs/operations/faults.md). This module is
 //! the harness: the load driver with its history, the checker, the fleets.
 
+mod budget;
+mod clocks;
 mod cluster;
+mod drain;
 mod eviction;
 mod lease;
 mod network;
@@ -27,6 +30,9 @@ pub(super) struct Sent {
     pub at: Duration,
     pub took: Duration,
     pub answer: String,
+    /// The machine's wall clock (Redis's, which runs on it unshifted) when it was sent and
+    /// when it was answered, in microseconds since the Unix epoch.
+    pub wall: (u64, u64),
 }
 
 /// What a run's history says, computed from the history alone (not from Sluice's metrics).
@@ -81,6 +87,7 @@ pub(super) async fn drive(
         let req = request(domain, vec![descriptor(&[("k", &key)])]);
         tasks.push(tokio::spawn(async move {
             let sent = Instant::now();
+            let sent_wall = wall_micros();
             let answer = match client.should_rate_limit(req).await {
                 Ok(r) => r.into_inner().overall_code().as_str_name().to_owned(),
                 Err(status) => format!("{:?}", status.code()),
@@ -91,6 +98,7 @@ pub(super) async fn drive(
                 at: now,
                 took: sent.elapsed(),
                 answer,
+                wall: (sent_wall, wall_micros()),
             }
         }));
         i += 1;
@@ -104,6 +112,14 @@ pub(super) async fn drive(
         history.push(t.await.unwrap());
     }
     history
+}
+
+/// The machine's wall clock in microseconds since the Unix epoch.
+pub(super) fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
 }
 
 /// Three instances on one Redis behind the fault proxy, exact counting, `failure_mode`
