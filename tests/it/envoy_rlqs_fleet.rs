@@ -328,7 +328,7 @@ async fn a_replica_killed_with_its_claim_keeps_the_bound_and_its_part_returns() 
     let whole = Instant::now() - killed;
     let orphan_last = second[1].last().map(|at| *at - killed);
     eprintln!(
-        "an RLQS replica killed: the survivor's Envoy admits the whole rate {whole:.1?} after the kill; the dead replica's Envoy admitted {} more, the last {orphan_last:.1?} after the kill",
+        "figures: an RLQS replica killed (kill -9): the survivor's Envoy admits the whole rate {whole:.1?} after the kill; the dead replica's Envoy admitted {} more, the last {orphan_last:.1?} after the kill",
         second[1].len()
     );
     // The dead replica's Envoy enforced what it held, for at most its TTL (and a report).

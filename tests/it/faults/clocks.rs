@@ -158,7 +158,7 @@ async fn offset_instance_clocks_change_nothing_in_sluices_layout() {
     let most = most_in_one_second(&history);
     let bound = bucket_bound(&history);
     eprintln!(
-        "clocks offset {OFFSETS:?} s, Sluice's layout: admitted {:?} in 5 s; most in one second {most:?}; token bucket bound {bound}",
+        "figures: clocks offset {OFFSETS:?} s, Sluice's layout: admitted {:?} in 5 s; most in one second {most:?}; token bucket bound {bound}",
         verdict.admitted
     );
     for rule in ["fixed", "sliding", "leased"] {
@@ -187,7 +187,7 @@ async fn offset_instance_clocks_split_the_reference_layouts_windows() {
     assert_eq!(verdict.errors, 0);
     let most = most_in_one_second(&history);
     eprintln!(
-        "clocks offset {OFFSETS:?} s, the reference's layout: admitted {:?} in 5 s; most in one second {most:?}",
+        "figures: clocks offset {OFFSETS:?} s, the reference's layout: admitted {:?} in 5 s; most in one second {most:?}",
         verdict.admitted
     );
     // Fixed windows are named by each instance's clock: more than the limit in one second,

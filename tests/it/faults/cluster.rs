@@ -49,7 +49,7 @@ async fn slots_migrated_under_load_keep_counting_exact() {
     assert_eq!(verdict.errors, 0);
     let refused = refused_under(&history, 60, 5);
     eprintln!(
-        "{} slots migrated under load for about {} s: admitted max {} min {} of 60 a key, {} refused short of the limit",
+        "figures: {} slots migrated under load for about {} s: admitted max {} min {} of 60 a key, {} refused short of the limit",
         slots.len(),
         slots.len() as f64 * 0.2,
         verdict.admitted.values().max().unwrap_or(&0),
@@ -118,7 +118,7 @@ async fn a_cluster_master_killed_under_load_loses_at_most_the_replication_lag() 
         .map(|&a| 75u64.saturating_sub(a))
         .sum();
     eprintln!(
-        "a Cluster master killed for {:?}: admitted max {} of 75 a key, {over} over (bound {bound}), {} refused short of the limit after the kill, {under} under in all, {late_ok} admitted from 4 s after the kill",
+        "figures: a Cluster master killed for {:?}: admitted max {} of 75 a key, {over} over (bound {bound}), {} refused short of the limit after the kill, {under} under in all, {late_ok} admitted from 4 s after the kill",
         last - killed,
         verdict.admitted.values().max().unwrap_or(&0),
         outage.len(),

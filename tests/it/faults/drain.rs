@@ -87,7 +87,7 @@ async fn a_drain_under_load_answers_everything_in_flight_and_closes_rlqs_streams
         .filter(|s| s.answer != "OK" && s.answer != "OVER_LIMIT")
         .collect();
     eprintln!(
-        "a drain under load: {in_flight} requests waiting on Redis at SIGTERM, {} dropped; {refused_after} sent to it afterwards refused; {} over the limit",
+        "figures: a drain under load: {in_flight} requests waiting on Redis at SIGTERM, {} dropped; {refused_after} sent to it afterwards refused; {} over the limit",
         dropped.len(),
         over(&verdict, 30)
     );

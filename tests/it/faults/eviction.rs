@@ -118,7 +118,7 @@ async fn a_full_redis_drops_counters_only_under_an_evicting_policy() {
         let (verdict, evicted, refused) = under_memory_pressure(policy).await;
         let over = super::over(&verdict, 30);
         eprintln!(
-            "Redis full under {policy} for 2.5 s: admitted max {} of 30 a key, {over} over, {evicted} keys evicted, {refused} refused short of the limit, {} errors",
+            "figures: Redis full under {policy} for 2.5 s: admitted max {} of 30 a key, {over} over, {evicted} keys evicted, {refused} refused short of the limit, {} errors",
             verdict.admitted.values().max().unwrap_or(&0),
             verdict.errors
         );

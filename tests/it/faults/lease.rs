@@ -51,7 +51,7 @@ async fn a_leasing_replica_killed_loses_at_most_its_blocks_never_over() {
     let over = over(&verdict, 600);
     let least = verdict.admitted.values().min().copied().unwrap_or(0);
     eprintln!(
-        "a leasing replica killed for 0 s: admitted max {} min {least} of 600 a key, {over} over, {} requests to the dead instance failed",
+        "figures: a leasing replica killed (kill -9): admitted max {} min {least} of 600 a key, {over} over, {} requests to the dead instance failed",
         verdict.admitted.values().max().unwrap_or(&0),
         dead.len()
     );

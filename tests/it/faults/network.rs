@@ -62,7 +62,7 @@ async fn network_fault(name: &str, fault: Fault, recovery_bound: Duration) {
     let recovery = healed.expect("nothing admitted after the heal");
     let counted: u64 = verdict.admitted.values().sum();
     eprintln!(
-        "{name} for 1.5 s: admitted max {} of 30 a key ({counted} in all), slowest answer {:?}, recovery {:?}",
+        "figures: {name} for 1.5 s: admitted max {} of 30 a key ({counted} in all), slowest answer {:?}, recovery {:?}",
         verdict.admitted.values().max().unwrap_or(&0),
         verdict.slowest,
         recovery
@@ -164,7 +164,7 @@ async fn redis_restarted_empty_costs_at_most_the_erased_count() {
     );
     assert!(over > 0, "no key admitted past its limit after the restart");
     eprintln!(
-        "a restart of Redis without persistence for 0 s: admitted max {} of 30 a key ({} over), erased at most {} a key",
+        "figures: Redis restarted without persistence: admitted max {} of 30 a key ({} over), erased at most {} a key",
         all.admitted.values().max().unwrap_or(&0),
         over,
         before.admitted.values().max().unwrap_or(&0)
@@ -241,7 +241,7 @@ async fn a_black_hole_under_failure_mode_local_admits_each_instance_its_share() 
         );
     }
     eprintln!(
-        "a black hole under failure_mode local for 2 s: admitted max {} of 30 a key, at most {most} of a share of 10 on one instance",
+        "figures: a black hole under failure_mode local for 2 s: admitted max {} of 30 a key, at most {most} of a share of 10 on one instance",
         all.admitted.values().max().unwrap_or(&0)
     );
 }
@@ -289,7 +289,7 @@ async fn restarted_with_persistence(fsync: &str) {
         all.admitted
     );
     eprintln!(
-        "a restart of Redis with appendfsync {fsync} for 0 s: admitted max {} of 30 a key (0 over), at most {} a key counted before the kill",
+        "figures: Redis killed and restarted with appendfsync {fsync}: admitted max {} of 30 a key (0 over), at most {} a key counted before the kill",
         all.admitted.values().max().unwrap_or(&0),
         before.admitted.values().max().unwrap_or(&0)
     );
@@ -336,7 +336,7 @@ async fn a_flapping_network_to_redis_never_over_admits() {
         .min()
         .expect("nothing admitted after the flapping");
     eprintln!(
-        "a flapping network (200 ms down, 200 ms up) for 2 s: admitted max {} of 45 a key ({} in all), {} refused short of the limit, slowest answer {:?}, recovery {recovery:?}",
+        "figures: a flapping network (200 ms down, 200 ms up) for 2 s: admitted max {} of 45 a key ({} in all), {} refused short of the limit, slowest answer {:?}, recovery {recovery:?}",
         verdict.admitted.values().max().unwrap_or(&0),
         verdict.admitted.values().sum::<u64>(),
         refused.len(),

@@ -98,7 +98,7 @@ async fn a_sentinel_failover_under_load_is_followed_within_a_poll() {
         promoted + Duration::from_millis(1500),
     );
     eprintln!(
-        "a manual Sentinel failover for 0 s: admitted max {} of 150 a key, {over} over in all of {} sent (bound {bound}); the old master a master at the end: {}",
+        "figures: a manual Sentinel failover: admitted max {} of 150 a key, {over} over in all of {} sent (bound {bound}); the old master a master at the end: {}",
         verdict.admitted.values().max().unwrap_or(&0),
         history.len(),
         is_master(&master)
@@ -180,7 +180,7 @@ async fn master_killed(program: &'static str) {
         killed,
     );
     eprintln!(
-        "the Sentinel master ({program}) killed for {:?}: admitted max {} of 120 a key, {over} over in all of {} sent (bound {bound}), {} failure-mode answers, counting again {recovery:?} after the kill",
+        "figures: the Sentinel master ({program}) killed for {:?}: admitted max {} of 120 a key, {over} over in all of {} sent (bound {bound}), {} failure-mode answers, counting again {recovery:?} after the kill",
         promoted - killed,
         verdict.admitted.values().max().unwrap_or(&0),
         history.len(),
@@ -244,7 +244,7 @@ async fn waiting_for_a_replica_never_over_admits_through_a_failover() {
     assert!(after > 0, "nothing admitted after the failover");
     let over = over(&verdict, 150);
     eprintln!(
-        "a manual Sentinel failover with REDIS_WAIT_REPLICAS=1 for 0 s: admitted max {} of 150 a key, {over} over in all of {} sent, {after} admitted from 3 s after the promotion",
+        "figures: a manual Sentinel failover with REDIS_WAIT_REPLICAS=1: admitted max {} of 150 a key, {over} over in all of {} sent, {after} admitted from 3 s after the promotion",
         verdict.admitted.values().max().unwrap_or(&0),
         history.len()
     );
