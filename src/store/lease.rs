@@ -39,7 +39,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use parking_lot::Mutex;
 
-pub use ask::{Grant, LeaseAsk, LeaseOptions, Take};
+pub use ask::{Grant, LeaseAsk, LeaseOptions, Report, Take};
 use block::{Block, Outcome};
 use round::Round;
 pub use sweep::{BlockView, LeaseStatus};
@@ -79,6 +79,8 @@ struct Core {
     clock: Arc<dyn Clock>,
     options: LeaseOptions,
     period: Micros,
+    /// How long a store wiped under blocks grants nothing (see [`Report`]).
+    hold: Micros,
     /// Instances taking leases recently, the last time the store said (at least 1).
     instances: AtomicU64,
     blocks: AtomicUsize,
@@ -118,12 +120,22 @@ struct Local {
     calls: Calls,
 }
 
+/// How long a store wiped under blocks grants nothing ([`Report`]): until every block taken
+/// before the wipe has ended (a lease period), been closed by a sweep (every quarter period,
+/// at most a second) and its report has landed (half a second, for the call's deadline and a
+/// loaded sweep): 2 s with the default period of 1 s.
+fn hold(period: Micros) -> Micros {
+    let sweep = (period / 4).clamp(10_000, 1_000_000);
+    period + period / 4 + sweep + 500_000
+}
+
 impl Leased {
     /// Leases from `inner`; `clock` times the blocks (local time: only durations matter).
     pub fn new(inner: Arc<dyn Shared>, options: LeaseOptions, clock: Arc<dyn Clock>) -> Self {
         let period = options.period.as_micros().clamp(1_000, u64::MAX as u128) as Micros;
         Self {
             shared: Arc::new(Core {
+                hold: hold(period),
                 inner,
                 shards: Sharded::new(SHARDS, |_| DigestMap::default()),
                 digester: Digester::new(),
@@ -138,6 +150,14 @@ impl Leased {
                 retries: Mutex::default(),
             }),
         }
+    }
+
+    /// Does what the background sweeper does every quarter lease period, now: hands back
+    /// the units of blocks whose lease period ended and closes them with their reports.
+    /// For tests on a manual clock, whose sweeper runs on real time. Returns the units
+    /// handed back.
+    pub async fn sweep_now(&self) -> u64 {
+        self.shared.sweep(false).await
     }
 
     /// Hands every unit in hand back to the shared counters (at shutdown, after the drain):
@@ -192,7 +212,7 @@ impl Leased {
             }
             let now = shared.clock.now();
             let mut waits = Vec::new();
-            let mut round = Round::default();
+            let mut round = Round::new(shared.hold);
             for &i in &pending {
                 let op = &batch.ops[i];
                 let digest = shared.block_digest(op);
@@ -206,7 +226,7 @@ impl Leased {
                         shared.totals.local.fetch_add(1, Ordering::Relaxed);
                     }
                     Some(Outcome::Wait(notified)) => waits.push((i, notified)),
-                    Some(Outcome::Lease(ask)) => round.lead(i, digest, op, ask),
+                    Some(Outcome::Lease(ask, report)) => round.lead(i, digest, op, (ask, report)),
                     Some(Outcome::Exact) => {
                         shared.totals.exact.fetch_add(1, Ordering::Relaxed);
                         local.exact.push(i);
@@ -452,17 +472,17 @@ impl Core {
         }
         let back = block.expire(now);
         if back > 0 {
-            round.give_back(block, digest, back);
+            round.give_back(block, digest, back, now);
         }
         block.limit = op.limit;
         let instances = self.instances.load(Ordering::Relaxed);
         let outcome = block.take(op.hits as u64, now, instances, self.period);
-        if let Outcome::Lease(_) = outcome {
+        if let Outcome::Lease(..) = outcome {
             block.flight = Some(Arc::new(tokio::sync::Notify::new()));
             if block.limit.algorithm.refills() && block.units > 0 {
                 // Too few tokens for the request: they go back in the same call, ahead of
                 // the lease (a new block holds only what the bucket owes at its lease).
-                round.give_back(block, digest, block.units.min(block.granted));
+                round.give_back(block, digest, block.units.min(block.granted), now);
                 block.units = 0;
             }
         }

@@ -44,7 +44,7 @@ pub use batch::{
 pub use claim::{ClaimAsk, ClaimGrant};
 pub use key::CounterKey;
 pub(crate) use key::push_sha256_hex;
-pub use lease::{Grant, LeaseAsk, Leased, Take};
+pub use lease::{Grant, LeaseAsk, Leased, Report, Take};
 pub use memory::MemoryStore;
 pub use metrics::StoreMetrics;
 pub use overlimit::OverLimitCache;

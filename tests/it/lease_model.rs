@@ -9,6 +9,8 @@
 //! - bounded under: once every instance has been refused, the fleet admitted exactly the
 //!   limit (every unit taken from the shared counter was admitted or is still held; a refused
 //!   instance holds none);
+//! - a store wiped under blocks (flushed, restarted empty) costs what it costs exact
+//!   counting, the erased count (the learning rule);
 //! - refused requests put their units back in the block; hand-backs at a lease period's end
 //!   and at shutdown reach the shared counter; near the limit blocks shrink to one unit.
 //!
@@ -91,6 +93,7 @@ impl Shared for Remote {
 
 struct Fleet {
     clock: Arc<ManualClock>,
+    store: Arc<Remote>,
     instances: Vec<Arc<Leased>>,
 }
 
@@ -110,7 +113,11 @@ fn fleet(n: usize, period: Duration) -> Fleet {
             Arc::new(Leased::new(store.clone(), options, clock.clone()))
         })
         .collect();
-    Fleet { clock, instances }
+    Fleet {
+        clock,
+        store,
+        instances,
+    }
 }
 
 fn op(limit: &Limit, key: &str, hits: i64, consistency: Consistency) -> CounterOp {
@@ -196,8 +203,69 @@ fn run(limit: Limit, n: usize, period: Duration, waves: &[Wave]) -> Vec<(Micros,
     })
 }
 
+/// [`run`] with the shared store wiped (every counter and its epoch forgotten, as Redis
+/// flushed or restarted empty) before wave `wipe`, and each instance's sweeper run before
+/// every wave (it runs every quarter lease period): each admitted charge as (time, hits,
+/// whether before the wipe).
+fn run_wiped(limit: Limit, n: usize, waves: &[Wave], wipe: usize) -> Vec<(Micros, u64, bool)> {
+    runtime().block_on(async {
+        let fleet = fleet(n, Duration::from_secs(1));
+        let mut admitted = Vec::new();
+        for (i, wave) in waves.iter().enumerate() {
+            if i == wipe {
+                fleet.store.0.wipe();
+            }
+            fleet.clock.advance(wave.gap);
+            for instance in &fleet.instances {
+                instance.sweep_now().await;
+            }
+            let instance = &fleet.instances[wave.instance];
+            let answers =
+                join_all((0..wave.concurrency).map(|_| hit(instance, &limit, wave.hits))).await;
+            let ok = answers.iter().filter(|a| **a).count() as u64;
+            if ok > 0 {
+                admitted.push((fleet.clock.now(), ok * wave.hits as u64, i < wipe));
+            }
+        }
+        admitted
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// The learning rule: a store wiped under blocks costs what it costs exact counting,
+    /// the erased count. Each window admits at most the limit plus what it had admitted
+    /// before the wipe: the blocks taken before it report what they admitted after it, and
+    /// the store grants nothing until they have.
+    #[test]
+    fn a_wiped_store_costs_leased_quota_at_most_the_erased_count(
+        requests in prop_oneof![1u64..20, 20u64..2000],
+        sliding in any::<bool>(),
+        n in 1usize..6,
+        waves in waves(5, 60 * SECOND),
+        wipe in any::<prop::sample::Index>(),
+    ) {
+        let algorithm = if sliding { Algorithm::SlidingWindow } else { Algorithm::FixedWindow };
+        let limit = limit(requests, 60 * SECOND, algorithm, requests);
+        let waves: Vec<Wave> = waves.into_iter().map(|w| Wave { instance: w.instance % n, ..w }).collect();
+        let wipe = wipe.index(waves.len());
+        let admitted = run_wiped(limit, n, &waves, wipe);
+        let mut per_window = std::collections::BTreeMap::new();
+        for (t, hits, before) in admitted {
+            let (all, erased) = per_window.entry(t / limit.window).or_insert((0u64, 0u64));
+            *all += hits;
+            if before {
+                *erased += hits;
+            }
+        }
+        for (window, (hits, erased)) in per_window {
+            prop_assert!(
+                hits <= requests + erased,
+                "{hits} admitted in window {window} of a limit of {requests}, {erased} before the wipe"
+            );
+        }
+    }
 
     #[test]
     fn fixed_and_sliding_windows_never_admit_more_than_the_limit_per_window(

@@ -261,6 +261,7 @@ async fn leases_go_to_the_redis_their_counter_lives_on() {
                 need: 1,
                 instances: 1,
             }),
+            report: Default::default(),
         }
     };
     let grants = p

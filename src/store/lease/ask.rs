@@ -37,6 +37,26 @@ pub struct LeaseAsk {
     pub limit: Limit,
     /// What to do with it.
     pub take: Take,
+    /// What the block admitted since its last call (the learning rule).
+    pub report: Report,
+}
+
+/// The learning rule's part of an ask: what the block admitted since its last call, from
+/// units of which epoch of the store (when a call last found it empty: new, flushed,
+/// restarted empty). A store whose epoch is newer has lost the count those units were taken
+/// from: it charges them (past the limit if need be: they were admitted) and ignores the
+/// block's hand-back; and when it sees such a block within `hold` of its epoch's start, it
+/// was wiped under blocks, and grants nothing until every one of them must have reported
+/// (a lease period, its sweep, a call's deadline: `hold`). A wipe then costs leased quota
+/// what it costs exact counting, the erased count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The epoch the block's units came from (0: it has held none).
+    pub epoch: Micros,
+    /// Units the block admitted since its last call.
+    pub admitted: u64,
+    /// How long a store wiped under blocks grants nothing (µs).
+    pub hold: Micros,
 }
 
 /// A lease or a hand-back.
@@ -44,7 +64,8 @@ pub struct LeaseAsk {
 pub enum Take {
     /// Units for this instance's block (see [`crate::algorithm::lease`]).
     Lease(Ask),
-    /// Unused units back to the counter, if it is still as the lease left it: a windowed
+    /// Unused units back to the counter, if it is still as the lease left it (0 units: the
+    /// call only reports, see [`Report`]): a windowed
     /// counter in the window `guard` starts (the units died with their window otherwise); a
     /// token bucket whose arrival time is still `guard` (µs), the one the lease left. Tokens
     /// go back only while no other charge came after them: another instance's block was
@@ -100,4 +121,6 @@ pub struct Grant {
     pub decision: Decision,
     /// The store's time (µs) of the answer.
     pub now: Micros,
+    /// The store's epoch: when a call last found it empty (see [`Report`]).
+    pub epoch: Micros,
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
-use super::ask::Grant;
+use super::ask::{Grant, Report};
 use crate::algorithm::{Algorithm, Ask, Decision, Limit, Micros, SECOND};
 use crate::store::CounterKey;
 
@@ -60,6 +60,12 @@ pub(super) struct Block {
     pub(super) generation: u64,
     /// Local time of the last hit: idle blocks are dropped.
     pub(super) touched_at: Micros,
+    /// The store's epoch the units came from (0: none yet; see [`Report`]).
+    epoch: Micros,
+    /// Hits admitted since the last report was taken (net of refunds to the block).
+    admitted: u64,
+    /// Of those, what the lease in flight reports (back to `admitted` if it never lands).
+    reporting: u64,
 }
 
 /// A refusal the store gave.
@@ -80,8 +86,9 @@ pub(super) enum Outcome {
     /// A lease is in flight: wait for it, then ask again (registered while the block's
     /// lock is held, so that the lease's wake-up cannot come between).
     Wait(OwnedNotified),
-    /// Not enough units: take a lease with this ask (the caller leads the flight).
-    Lease(Ask),
+    /// Not enough units: take a lease with this ask, which carries the block's report (the
+    /// caller leads the flight).
+    Lease(Ask, Report),
     /// Not worth a lease (the recent rate asks for no more than these hits): decided by
     /// the shared store as an exact charge.
     Exact,
@@ -108,7 +115,30 @@ impl Block {
             granted: 0,
             generation: 0,
             touched_at: now,
+            epoch: 0,
+            admitted: 0,
+            reporting: 0,
         }
+    }
+
+    /// What the block admitted since its last report, from units of which epoch; the count
+    /// starts again. Admissions of a window that has ended belong to it (a report would
+    /// charge the next one): none.
+    pub(super) fn take_report(&mut self, now: Micros) -> Report {
+        if self.limit.algorithm.windowed() && now >= self.window_ends_at {
+            self.admitted = 0;
+        }
+        Report {
+            epoch: self.epoch,
+            admitted: std::mem::take(&mut self.admitted),
+            hold: 0,
+        }
+    }
+
+    /// Whether the block has something to report once its lease period has ended: hits
+    /// admitted since its last call, in a window that has not ended.
+    pub(super) fn has_report(&self, now: Micros) -> bool {
+        self.admitted > 0 && (!self.limit.algorithm.windowed() || now < self.window_ends_at)
     }
 
     /// Ends the block if its time is up: returns the units that may go back to the shared
@@ -178,11 +208,16 @@ impl Block {
         // The leftover waits for the lease with its leader (a token bucket's goes back).
         self.flight_units = units;
         self.units -= units;
-        Outcome::Lease(Ask {
-            want,
-            need,
-            instances,
-        })
+        let report = self.take_report(now);
+        self.reporting = report.admitted;
+        Outcome::Lease(
+            Ask {
+                want,
+                need,
+                instances,
+            },
+            report,
+        )
     }
 
     /// A token bucket refills the tokens a block took as time passes: a block may hold at
@@ -215,6 +250,7 @@ impl Block {
         let decided = if now < self.ends_at && self.units >= hits {
             self.units -= hits;
             self.used += hits;
+            self.admitted += hits;
             (self.allowed(now), hits)
         } else {
             match self.refused {
@@ -258,7 +294,17 @@ impl Block {
         period: Micros,
     ) -> (Decision, u64) {
         self.flight = None;
-        let leftover = std::mem::take(&mut self.flight_units);
+        self.reporting = 0;
+        let mut leftover = std::mem::take(&mut self.flight_units);
+        if self.epoch != 0 && grant.epoch != self.epoch {
+            // The store was wiped (or is another): the units in hand were taken from the
+            // count it lost, and what was admitted of them went in this call's report. They
+            // die with that count.
+            self.units = 0;
+            self.used = 0;
+            leftover = 0;
+        }
+        self.epoch = grant.epoch;
         let window_left = if self.limit.algorithm.windowed() {
             self.limit.window_left(grant.now)
         } else {
@@ -309,6 +355,7 @@ impl Block {
             // The leader's hits, from the units just taken for them.
             self.units -= hits;
             self.used += hits;
+            self.admitted += hits;
             return (self.allowed(now), hits);
         }
         let refused = Decision {
@@ -327,6 +374,7 @@ impl Block {
         let back = hits.min(self.used);
         self.used -= back;
         self.units += back;
+        self.admitted = self.admitted.saturating_sub(back);
         back
     }
 
@@ -363,6 +411,7 @@ impl Block {
     pub(super) fn abort(&mut self) {
         if let Some(flight) = self.flight.take() {
             self.units += std::mem::take(&mut self.flight_units);
+            self.admitted += std::mem::take(&mut self.reporting);
             flight.notify_waiters();
         }
     }
@@ -404,6 +453,7 @@ mod tests {
                 retry_after: (units == 0).then_some(MINUTE - now % MINUTE),
             },
             now,
+            epoch: 1,
         }
     }
 
@@ -413,7 +463,7 @@ mod tests {
         // No rate yet: a lease would be the hit itself.
         assert!(matches!(b.take(1, 0, 1, SECOND), Outcome::Exact));
         // A second hit 10 ms later: 100 a second, 100 for a lease period.
-        let Outcome::Lease(ask) = b.take(1, 10_000, 1, SECOND) else {
+        let Outcome::Lease(ask, _) = b.take(1, 10_000, 1, SECOND) else {
             panic!("a busy key leases");
         };
         assert_eq!((ask.want, ask.need), (100, 1));
@@ -429,7 +479,7 @@ mod tests {
             ));
         }
         // Ten hits in 10 µs (counted as 1 ms): the next ask is sized for a second of that.
-        let Outcome::Lease(ask) = b.take(1, 10_010, 1, SECOND) else {
+        let Outcome::Lease(ask, _) = b.take(1, 10_010, 1, SECOND) else {
             panic!("the block is used up");
         };
         assert_eq!(ask.want, 1000);
@@ -446,7 +496,7 @@ mod tests {
         ));
         assert!(matches!(
             b.take(1, SECOND / 4, 1, SECOND),
-            Outcome::Lease(_) | Outcome::Exact
+            Outcome::Lease(..) | Outcome::Exact
         ));
     }
 

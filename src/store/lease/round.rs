@@ -8,7 +8,7 @@ use super::block::Block;
 use super::{Core, Local};
 use crate::algorithm::Micros;
 use crate::store::digest::Digest;
-use crate::store::{Batch, CounterOp, LeaseAsk, Take};
+use crate::store::{Batch, CounterOp, LeaseAsk, Report, Take};
 
 /// The leases one round of a request takes: one call.
 #[derive(Default)]
@@ -18,31 +18,51 @@ pub(super) struct Round {
     pub(super) leads: Vec<(Option<usize>, Digest)>,
     /// The generation of the last block taken from (for reservations).
     pub(super) generation: u64,
+    /// How long a store wiped under blocks grants nothing (see [`Report`]).
+    pub(super) hold: Micros,
 }
 
 impl Round {
+    /// A round whose asks carry `hold` (see [`Report`]).
+    pub(super) fn new(hold: Micros) -> Self {
+        Self {
+            hold,
+            ..Self::default()
+        }
+    }
+
     pub(super) fn lead(
         &mut self,
         i: usize,
         digest: Digest,
         op: &CounterOp,
-        ask: crate::algorithm::Ask,
+        (ask, report): (crate::algorithm::Ask, Report),
     ) {
         self.asks.push(LeaseAsk {
             key: op.key.clone(),
             limit: op.limit,
             take: Take::Lease(ask),
+            report: Report {
+                hold: self.hold,
+                ..report
+            },
         });
         self.leads.push((Some(i), digest));
     }
 
-    pub(super) fn give_back(&mut self, block: &Block, digest: Digest, units: u64) {
+    /// Hands back `units` of `block` (none: only its report, see [`Report`]).
+    pub(super) fn give_back(&mut self, block: &mut Block, digest: Digest, units: u64, now: Micros) {
+        let report = block.take_report(now);
         self.asks.push(LeaseAsk {
             key: block.key.clone(),
             limit: block.limit,
             take: Take::GiveBack {
                 units,
                 guard: block.guard,
+            },
+            report: Report {
+                hold: self.hold,
+                ..report
             },
         });
         self.leads.push((None, digest));

@@ -60,7 +60,7 @@ impl Core {
     /// handed back.
     pub(super) async fn sweep(&self, all: bool) -> u64 {
         let now = self.clock.now();
-        let mut round = Round::default();
+        let mut round = Round::new(self.hold);
         let (mut outstanding, mut top) = (0u64, Vec::new());
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
@@ -70,8 +70,9 @@ impl Core {
                     block.ends_at = block.ends_at.min(now);
                 }
                 let back = block.expire(now);
-                if back > 0 {
-                    round.give_back(block, *digest, back);
+                if back > 0 || block.has_report(now) {
+                    // (No units: the block closes with its report only; see `Report`.)
+                    round.give_back(block, *digest, back, now);
                 }
                 if block.idle(now, 2 * self.period) {
                     return false;

@@ -28,7 +28,7 @@ pub(super) static INSTANCES: LazyLock<Script> = LazyLock::new(|| Script::new(INS
 /// values per ask at these offsets. The other half is `lua/lease.lua`, which reads them
 /// under the same names.
 mod args {
-    pub const PER_ASK: usize = 8;
+    pub const PER_ASK: usize = 11;
     pub const ALGORITHM: usize = 0;
     pub const LIMIT: usize = 1;
     pub const WINDOW: usize = 2;
@@ -39,6 +39,11 @@ mod args {
     pub const INSTANCES: usize = 6;
     /// The window start a hand-back must still be in, or -1.
     pub const GUARD: usize = 7;
+    /// The learning rule ([`crate::store::Report`]): the epoch of the block's units, what it
+    /// admitted since its last call, how long a wiped store grants nothing.
+    pub const EPOCH: usize = 8;
+    pub const ADMITTED: usize = 9;
+    pub const HOLD: usize = 10;
     /// Values per ask in the answer: units, allowed, remaining, reset, retry.
     pub const PER_GRANT: usize = 5;
 }
@@ -47,7 +52,8 @@ impl RedisStore {
     /// Every ask, one script call per node or hash slot, all sent at once.
     pub(super) async fn lease_asks(&self, asks: &[LeaseAsk]) -> Result<Vec<Grant>, StoreError> {
         if !self.shared.connector.is_cluster() {
-            return self.shared.lease_call(asks).await;
+            let epoch = format!("{}sluice_epoch", self.shared.prefix);
+            return self.shared.lease_call(asks, epoch).await;
         }
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, ask) in asks.iter().enumerate() {
@@ -64,7 +70,17 @@ impl RedisStore {
                 (indices, part)
             })
             .collect();
-        let replies = join_all(groups.iter().map(|(_, part)| self.shared.lease_call(part))).await;
+        let replies = join_all(groups.iter().map(|(_, part)| {
+            let key = format!("{}{}", self.shared.prefix, part[0].key);
+            let slot = slot::slot(key.as_bytes());
+            let epoch = format!(
+                "{}sluice_epoch{{{}}}",
+                self.shared.prefix,
+                slot::tag_for(slot)
+            );
+            self.shared.lease_call(part, epoch)
+        }))
+        .await;
         let calls = groups.iter().map(|(indices, _)| &indices[..]).zip(replies);
         crate::store::in_ask_order(asks.len(), calls, "a lease")
     }
@@ -89,14 +105,18 @@ impl RedisStore {
 }
 
 impl Shared {
-    /// One lease script call over `asks` (all on one node).
-    async fn lease_call(&self, asks: &[LeaseAsk]) -> Result<Vec<Grant>, StoreError> {
+    /// One lease script call over `asks` (all on one node, one slot), with the key of the
+    /// store's epoch there (`epoch`).
+    async fn lease_call(&self, asks: &[LeaseAsk], epoch: String) -> Result<Vec<Grant>, StoreError> {
         let now = self.clock.get().map_or(0, |c| c.now());
-        let mut cmd = Cmd::with_capacity(4 + asks.len() * (1 + args::PER_ASK), 64 * asks.len());
-        cmd.arg("EVALSHA").arg(LEASES.get_hash()).arg(asks.len());
+        let mut cmd = Cmd::with_capacity(5 + asks.len() * (1 + args::PER_ASK), 64 * asks.len());
+        cmd.arg("EVALSHA")
+            .arg(LEASES.get_hash())
+            .arg(asks.len() + 1);
         for ask in asks {
             cmd.arg(format!("{}{}", self.prefix, ask.key));
         }
+        cmd.arg(epoch);
         cmd.arg(now);
         for ask in asks {
             cmd.arg(&encode(ask)[..]);
@@ -168,6 +188,9 @@ fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
     values[args::WINDOW] = clamp(ask.limit.window);
     values[args::BURST] = clamp(ask.limit.burst);
     values[args::GUARD] = ask.guard().map_or(-1, clamp);
+    values[args::EPOCH] = clamp(ask.report.epoch);
+    values[args::ADMITTED] = clamp(ask.report.admitted);
+    values[args::HOLD] = clamp(ask.report.hold);
     // (A hand-back names what the counter must still be at: its window's start, or the
     // bucket's arrival time the lease left; lua/lease.lua checks it.)
     match ask.take {
@@ -177,8 +200,9 @@ fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
             values[args::INSTANCES] = clamp(want.instances.max(1));
         }
         Take::GiveBack { units, .. } => {
-            values[args::WANT] = -clamp(units.max(1));
-            values[args::NEED] = 1;
+            // No units: only the report (want 0, need 0).
+            values[args::WANT] = -clamp(units);
+            values[args::NEED] = i64::from(units > 0);
             values[args::INSTANCES] = 1;
         }
     }
@@ -187,9 +211,12 @@ fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
 
 /// The grants of `asks` asks from the script's answer (layout in `lua/lease.lua`).
 fn decode(values: &[i64], asks: usize) -> Result<Vec<Grant>, StoreError> {
-    let (&now, rest) = values
-        .split_first()
-        .ok_or_else(|| StoreError::Internal("the lease script returned no values".into()))?;
+    let [now, epoch, rest @ ..] = values else {
+        return Err(StoreError::Internal(
+            "the lease script returned no time and epoch".into(),
+        ));
+    };
+    let (now, epoch) = (*now, *epoch);
     if rest.len() != asks * args::PER_GRANT {
         return Err(StoreError::Internal(format!(
             "the lease script answered {} values for {asks} asks",
@@ -209,6 +236,7 @@ fn decode(values: &[i64], asks: usize) -> Result<Vec<Grant>, StoreError> {
                 retry_after: (g[1] != 1 && g[4] >= 0).then(|| micros(g[4])),
             },
             now: micros(now),
+            epoch: micros(epoch),
         })
         .collect())
 }
@@ -220,13 +248,14 @@ mod tests {
     #[test]
     fn answers_that_do_not_add_up_are_refused() {
         assert!(decode(&[], 0).is_err());
-        assert!(decode(&[5, 1, 1, 0, 0], 1).is_err());
-        let grants = decode(&[7, 3, 1, 9, 100, -1, 0, 0, 0, 50, 40], 2).unwrap();
+        assert!(decode(&[5, 1, 1, 1, 0, 0], 1).is_err());
+        let grants = decode(&[7, 6, 3, 1, 9, 100, -1, 0, 0, 0, 50, 40], 2).unwrap();
         assert_eq!(grants[0].units, 3);
         assert!(grants[0].decision.allowed);
         assert_eq!(grants[0].decision.retry_after, None);
         assert!(!grants[1].decision.allowed);
         assert_eq!(grants[1].decision.retry_after, Some(40));
         assert_eq!(grants[1].now, 7);
+        assert_eq!(grants[1].epoch, 6);
     }
 }

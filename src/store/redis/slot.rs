@@ -20,6 +20,28 @@ fn hash_tag(key: &[u8]) -> &[u8] {
     key
 }
 
+/// A hash tag that lands in `slot` (the same for every call): for a key a script must reach
+/// beside the keys of that slot, such as the lease epoch's.
+pub fn tag_for(slot: u16) -> &'static str {
+    static TAGS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        // Numbers in order until every slot has one: about 170,000 tries, a few ms, once.
+        let mut tags = vec![String::new(); usize::from(SLOTS)];
+        let mut missing = usize::from(SLOTS);
+        let mut n: u64 = 0;
+        while missing > 0 {
+            let tag = n.to_string();
+            let s = usize::from(crc16(tag.as_bytes()) % SLOTS);
+            if tags[s].is_empty() {
+                tags[s] = tag;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    &TAGS[usize::from(slot % SLOTS)]
+}
+
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
     for &b in bytes {
@@ -38,6 +60,14 @@ fn crc16(bytes: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_slot_has_a_tag_that_lands_in_it() {
+        for s in [0, 1, 5_000, SLOTS - 1] {
+            let key = format!("prefix_sluice_epoch{{{}}}", tag_for(s));
+            assert_eq!(slot(key.as_bytes()), s);
+        }
+    }
 
     #[test]
     fn slots_match_redis_cluster() {

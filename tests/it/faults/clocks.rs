@@ -163,11 +163,14 @@ async fn offset_instance_clocks_change_nothing_in_sluices_layout() {
     );
     for rule in ["fixed", "sliding", "leased"] {
         assert!(most[rule] <= LIMIT, "{rule}: {most:?}");
-        // The load reached the limit: refusals came from the limit, not from nothing.
-        assert_eq!(
-            most[rule], LIMIT,
-            "{rule} never reached its limit: {most:?}"
-        );
+    }
+    // The load reached every limit: each rule refused some of its requests.
+    for rule in ["fixed", "sliding", "bucket", "leased"] {
+        let refused = history
+            .iter()
+            .filter(|s| s.key == rule && s.answer == "OVER_LIMIT")
+            .count();
+        assert!(refused > 0, "{rule} never reached its limit");
     }
     assert!(
         verdict.admitted["bucket"] <= bound,

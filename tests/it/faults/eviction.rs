@@ -128,10 +128,9 @@ async fn a_full_redis_drops_counters_only_under_an_evicting_policy() {
                 assert_eq!(over, 0);
                 assert_eq!(evicted, 0);
             }
-            "volatile-lru" | "volatile-ttl" => {
-                assert!(evicted > 0, "{policy}: nothing evicted");
-                assert!(over > 0, "{policy}: no counter lost");
-            }
+            // The counters are the only keys with a TTL: whatever was evicted was a
+            // counter (what that admitted past the limit depends on the load that followed).
+            "volatile-lru" | "volatile-ttl" => assert!(evicted > 0, "{policy}: nothing evicted"),
             _ => assert!(evicted > 0, "{policy}: nothing evicted"),
         }
     }

@@ -3,27 +3,68 @@
 -- a block of units from a counter at once (a charge of many hits, of at most what is left),
 -- admits from it in memory, and hands back what it did not use.
 --
--- KEYS     one counter per ask (a key may repeat: each ask sees the ones before it)
+-- The learning rule: the last key holds the store's epoch, "born hold_until" (µs), written
+-- by the first call that finds it missing (the store is new, or was wiped: flushed, restarted
+-- empty), after every epoch a block of that call reports. Every answer carries it, and each block remembers the epoch its units came from.
+-- A block of an older epoch reports what it admitted since its last call: those units were
+-- counted only in the erased count, so they are charged (past the limit if need be: they
+-- were admitted), and its hand-back is ignored (its units died with the count). A block of
+-- an older epoch seen within `hold` of the epoch's birth means the store was wiped under
+-- blocks: nothing is granted until `born + hold`, by when each of them must have reported.
+--
+-- KEYS     one counter per ask (a key may repeat: each ask sees the ones before it), then the
+--          epoch key
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
--- ARGV[..] eight values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
+-- ARGV[..] eleven values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
 --          4 concurrency), limit, window (µs), burst, want (the most units to take; negative:
---          that many units handed back), need (the fewest worth taking), instances (those
---          sharing the counter recently), guard (for a hand-back: what the counter must
---          still be at, or it is left alone: the window start it must still be in; for a
---          token bucket, the arrival time the lease left, within a microsecond: tokens go
---          back only while no charge came after them)
--- Returns  {now, then per ask: units taken (for a hand-back: units handed back), 1 if the
---          ask's need is admitted (else 0),
---          remaining, reset_after, retry_after (-1: none)}, times in microseconds
+--          that many units handed back; 0 with need 0: only the report), need (the fewest
+--          worth taking), instances (those sharing the counter recently), guard (for a
+--          hand-back: what the counter must still be at, or it is left alone: the window
+--          start it must still be in; for a token bucket, the arrival time the lease left,
+--          within a microsecond: tokens go back only while no charge came after them), epoch
+--          (of the block's units; 0: none), admitted (units the block admitted since its last
+--          call), hold (µs)
+-- Returns  {now, epoch, then per ask: units taken (for a hand-back: units handed back), 1 if
+--          the ask's need is admitted (else 0), remaining, reset_after, retry_after (-1:
+--          none)}, times in microseconds
 -- The argument layout, defined once in Rust (`mod args` in src/store/redis/lease.rs).
-local PER_ASK = 8
+local PER_ASK = 11
 local ALGORITHM, LIMIT, WINDOW, BURST, WANT, NEED, INSTANCES, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
+local EPOCH, ADMITTED, HOLD = 8, 9, 10
 local TOKEN_BUCKET, CONCURRENCY = 3, 4
 
+local asks = #KEYS - 1
+local epoch_key = KEYS[#KEYS]
+local born, hold_until = 0, 0
+local raw_epoch = redis.call('GET', epoch_key)
+if raw_epoch then
+  local b, h = match(raw_epoch, '^(%d+) (%d+)$')
+  born, hold_until = tonumber(b) or 0, tonumber(h) or 0
+end
+local epoch_changed = born == 0
+if born == 0 then
+  -- A new epoch, after every epoch a block reports (a clock that stepped back, or a wipe
+  -- within the microsecond of the last epoch's start, must not look like it).
+  born = now
+  for k = 1, asks do
+    born = max(born, tonumber(ARGV[2 + (k - 1) * PER_ASK + EPOCH]) + 1)
+  end
+end
+for k = 1, asks do
+  local a = 2 + (k - 1) * PER_ASK
+  local epoch, hold = tonumber(ARGV[a + EPOCH]), tonumber(ARGV[a + HOLD])
+  if epoch ~= 0 and epoch ~= born and now < born + hold and hold_until < born + hold then
+    hold_until = born + hold
+    epoch_changed = true
+  end
+end
+if epoch_changed then
+  redis.call('SET', epoch_key, format('%d %d', born, hold_until))
+end
 
-local out, o = { now }, 1
+local out, o = { now, born }, 2
 local current = {}
-for k = 1, #KEYS do
+for k = 1, asks do
   local key, a = KEYS[k], 2 + (k - 1) * PER_ASK
   local algorithm = tonumber(ARGV[a + ALGORITHM])
   local step = steps[algorithm]
@@ -36,7 +77,30 @@ for k = 1, #KEYS do
     st = raw and decoders[algorithm](raw) or false
   end
   local units, allowed, remaining, reset, retry, next_state, expires
-  if want < 0 then
+  local epoch, admitted = tonumber(ARGV[a + EPOCH]), safe(tonumber(ARGV[a + ADMITTED]))
+  local older = epoch ~= 0 and epoch ~= born
+  if older and admitted > 0 then
+    -- Admitted from units of an older epoch: charged, past the limit if need be.
+    local _, _, _, _, charged, charged_expires = step(
+      st, limit, window, burst, now, admitted, -1, true)
+    if charged then
+      st = charged
+      redis.call('SET', key, encoders[algorithm](charged), 'PXAT', ceil(charged_expires))
+    end
+  end
+  if want == 0 and tonumber(ARGV[a + NEED]) == 0 or want < 0 and older then
+    -- Only the report; or a hand-back of units that died with their epoch.
+    units = 0
+    allowed, remaining, reset, retry = step(st, limit, window, burst, now, 0, -1)
+    next_state = nil
+  elseif want > 0 and now < hold_until then
+    -- The store was wiped under blocks that have not all reported: nothing is granted.
+    units, allowed = 0, false
+    local _
+    _, remaining, reset = step(st, limit, window, burst, now, 0, -1)
+    retry = hold_until - now
+    next_state = nil
+  elseif want < 0 then
     -- A hand-back, if the counter is still as the lease left it (mirrors
     -- LeaseAsk::give_back_hits): in the lease's window; a token bucket at the arrival time
     -- the lease left, within a microsecond.
