@@ -16,6 +16,7 @@
 //! one-hit keys evicts its own kind, and the counters in real use, those that have been
 //! charged again and again and are the ones near their limits, survive it.
 
+mod pools;
 mod slot;
 mod table;
 
@@ -100,6 +101,8 @@ struct Shared {
     epoch: Mutex<(Micros, Micros)>,
     /// The last epoch, kept through a wipe.
     last_epoch: AtomicU64,
+    /// Regions' pools of global counters.
+    pools: Mutex<pools::Pools>,
 }
 
 struct Shard {
@@ -142,6 +145,7 @@ impl MemoryStore {
             refused: Mutex::default(),
             epoch: Mutex::default(),
             last_epoch: AtomicU64::new(0),
+            pools: Mutex::default(),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(sweep(Arc::downgrade(&shared)));
@@ -416,6 +420,7 @@ impl MemoryStore {
             shared.tracked.fetch_sub(dropped, Ordering::Relaxed);
         }
         *shared.epoch.lock() = (0, 0);
+        *shared.pools.lock() = pools::Pools::default();
     }
 }
 
@@ -471,6 +476,15 @@ impl super::Shared for MemoryStore {
             seen.insert(instance.to_owned(), now);
         }
         Box::pin(std::future::ready(Ok(seen.len().max(1) as u64)))
+    }
+
+    fn pool<'a>(
+        &'a self,
+        ops: &'a [super::PoolOp],
+    ) -> BoxFuture<'a, Result<Vec<super::PoolAnswer>, StoreError>> {
+        let now = self.shared.clock.now();
+        let answers = self.shared.pools.lock().apply(ops, now);
+        Box::pin(std::future::ready(Ok(answers)))
     }
 
     /// One instance: every claim gets what it asks.

@@ -29,6 +29,7 @@ pub mod lease;
 pub mod memory;
 mod metrics;
 pub mod overlimit;
+pub mod pool;
 pub mod redis;
 pub mod refused;
 pub mod resilient;
@@ -48,6 +49,7 @@ pub use lease::{Grant, LeaseAsk, Leased, Report, Take};
 pub use memory::MemoryStore;
 pub use metrics::StoreMetrics;
 pub use overlimit::OverLimitCache;
+pub use pool::{PoolAnswer, PoolOp};
 pub use redis::RedisStore;
 pub use refused::{RefusedAdd, RefusedClose, RefusedCounts};
 pub use resilient::Resilient;
@@ -93,6 +95,13 @@ pub trait Shared: Store {
     /// Takes (or hands back) blocks of units, one per ask, each on its own: a lease is a
     /// charge of at most what is left ([`crate::algorithm::lease`]).
     fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>>;
+
+    /// Operates on this region's pools of global counters ([`pool`]), each operation on its
+    /// own and atomically.
+    fn pool<'a>(
+        &'a self,
+        ops: &'a [PoolOp],
+    ) -> BoxFuture<'a, Result<Vec<PoolAnswer>, StoreError>>;
 
     /// Records that `instance` takes leases now and answers how many instances did within
     /// `within` (at least 1): blocks are shared among them.

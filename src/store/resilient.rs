@@ -409,6 +409,34 @@ impl Shared for Resilient {
         })
     }
 
+    /// A take within the request deadline, the rest within the background one; an open
+    /// breaker refuses at once.
+    fn pool<'a>(
+        &'a self,
+        ops: &'a [super::PoolOp],
+    ) -> BoxFuture<'a, Result<Vec<super::PoolAnswer>, StoreError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            if shared.breaker.is_open() {
+                return Err(StoreError::Unavailable("circuit breaker open".into()));
+            }
+            let takes = ops
+                .iter()
+                .any(|op| matches!(op.kind, super::pool::PoolKind::Take { .. }));
+            let deadline = if takes {
+                self.options.deadline
+            } else {
+                self.options.background_limit()
+            };
+            let result = within(deadline, "the pools", shared.primary.pool(ops)).await;
+            match &result {
+                Ok(_) => shared.breaker.succeeded(),
+                Err(error) => Core::failed(shared, error),
+            }
+            result
+        })
+    }
+
     fn instances<'a>(
         &'a self,
         instance: &'a str,

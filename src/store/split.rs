@@ -262,6 +262,14 @@ impl Shared for PerSecondSplit {
         self.main.instances(instance, within)
     }
 
+    /// Pools live in the main store.
+    fn pool<'a>(
+        &'a self,
+        ops: &'a [super::PoolOp],
+    ) -> BoxFuture<'a, Result<Vec<super::PoolAnswer>, StoreError>> {
+        self.main.pool(ops)
+    }
+
     /// Claims live in the main store.
     fn claim<'a>(
         &'a self,

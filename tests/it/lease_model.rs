@@ -71,6 +71,12 @@ impl Shared for Remote {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.0.instances(instance, within)
     }
+    fn pool<'a>(
+        &'a self,
+        ops: &'a [sluice::store::PoolOp],
+    ) -> BoxFuture<'a, Result<Vec<sluice::store::PoolAnswer>, StoreError>> {
+        self.0.pool(ops)
+    }
     fn claim<'a>(
         &'a self,
         asks: &'a [sluice::store::ClaimAsk],

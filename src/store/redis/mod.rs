@@ -32,6 +32,7 @@ mod connect;
 mod eviction;
 mod keys;
 mod lease;
+mod pool;
 mod refused;
 mod reply;
 mod slot;
@@ -511,6 +512,13 @@ impl crate::store::Shared for RedisStore {
         within: Duration,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.count_instances(instance, within))
+    }
+
+    fn pool<'a>(
+        &'a self,
+        ops: &'a [crate::store::PoolOp],
+    ) -> BoxFuture<'a, Result<Vec<crate::store::PoolAnswer>, StoreError>> {
+        Box::pin(self.pool_ops(ops))
     }
 
     fn claim<'a>(

@@ -1,0 +1,506 @@
+//! A region's pool of a global counter (`scope: global`, docs/configuration/leased-quota.md,
+//! "Across regions"): the units the root counter granted this region, which the region's
+//! instances take blocks from, and the state of the region's asks to the root. The pool is
+//! one record in the region's store, changed atomically by one operation at a time; its
+//! arithmetic is written once, here ([`Pool::apply`]): the memory store runs it and
+//! `lua/pool.lua` mirrors it line for line.
+//!
+//! - A pool holds `granted − used` free units until `until` (region time: timed from before
+//!   the root call that granted them, never past the root window's end), then nothing.
+//! - A take is the lease arithmetic with `R := granted − used`: at least the request's hits,
+//!   at most what the block wants and `⌊R / 2n⌋` for `n` instances in the region.
+//! - A take that leaves the pool low (under what the region uses in the time an ask takes,
+//!   or empty, or ending before its window does) makes its caller the one that asks the root,
+//!   if no ask is in flight: the pool records the ask (a marker) and answers what to ask.
+//! - The root's answer is installed by the asker: units added to the pool of the same root
+//!   window and epoch, or a new pool (a new window, a wiped root); a refusal or a failed
+//!   call only clears the marker, until a time to ask again.
+//! - Units come back from blocks (guarded by the pool's generation and root window) and go
+//!   back to the root when nobody in the region takes any (withdrawn first, so that no
+//!   instance can take them while they travel).
+
+use crate::algorithm::{Decision, Micros};
+use crate::store::CounterKey;
+
+/// One operation on a region's pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolOp {
+    /// The global counter.
+    pub key: CounterKey,
+    /// What to do.
+    pub kind: PoolKind,
+}
+
+/// What a [`PoolOp`] does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PoolKind {
+    /// Units for a block or a request: `need` at least (0: only look), `want` at most, a
+    /// share of what is free among `instances`.
+    Take {
+        /// The most units to take.
+        want: u64,
+        /// The fewest worth taking (the request's hits).
+        need: u64,
+        /// The region's instances taking leases recently.
+        instances: u64,
+        /// When the pool asks the root.
+        timing: Timing,
+    },
+    /// A block's unused units back, if the pool is still the one (`generation`) of the root
+    /// window (`guard`) they came from.
+    Return {
+        /// Units handed back.
+        units: u64,
+        /// The pool's generation (its [`PoolAnswer::generation`]) when they were taken.
+        generation: Micros,
+        /// The root window's start (root time) when they were taken.
+        guard: Micros,
+    },
+    /// The root's answer to the ask this pool's [`RootAsk`] made.
+    Install(Install),
+    /// The free units out, for a hand-back to the root: when no instance took any for `idle`,
+    /// or the pool ended.
+    Withdraw {
+        /// How long the pool must have been idle.
+        idle: Micros,
+    },
+}
+
+/// When a pool asks the root, and for how much.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Ask when what is free would last less than this at the region's rate: the root's
+    /// round trip and a quarter of the region lease period.
+    pub lead: Micros,
+    /// The region lease period: what an ask wants is the region's use in this time.
+    pub period: Micros,
+    /// How long an ask is taken to be in flight, at most (twice the root deadline): then
+    /// another caller may ask.
+    pub ask_ttl: Micros,
+    /// The root window's length.
+    pub window: Micros,
+}
+
+/// The root's answer to a pool's ask, installed in the pool by the asker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Install {
+    /// Units granted (0: refused, or the call failed).
+    pub units: u64,
+    /// The root window's start, root time.
+    pub guard: Micros,
+    /// The root's epoch (the learning rule).
+    pub epoch: Micros,
+    /// Region time when the ask was made (its [`PoolAnswer::now`]).
+    pub asked_at: Micros,
+    /// Root time of its answer minus `asked_at`: the root's clock ahead of the region's,
+    /// overestimated by the round trip, so that times derived from it are never late.
+    pub offset: i64,
+    /// How long the units may be admitted from `asked_at`: the region lease period, and no
+    /// longer than the root window had left.
+    pub left: Micros,
+    /// The pool's `used` the ask reported (see [`RootAsk::used`]).
+    pub reported: u64,
+    /// When no unit came: region time before which nobody asks again.
+    pub retry_at: Micros,
+    /// Whether the root did not answer (the pool then says so to its takers).
+    pub failed: bool,
+}
+
+/// The pool's answer to one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolAnswer {
+    /// Units taken, returned, installed or withdrawn.
+    pub units: u64,
+    /// Free units after the operation (0 once the pool ended).
+    pub free: u64,
+    /// The region store's time.
+    pub now: Micros,
+    /// The root's time as the pool knows it (never behind it); `now` without a pool.
+    pub root_now: Micros,
+    /// Region time the pool ends.
+    pub until: Micros,
+    /// The root window's start (root time).
+    pub guard: Micros,
+    /// The root's epoch of the pool's units.
+    pub epoch: Micros,
+    /// The pool's generation: region time it was made (0: none).
+    pub generation: Micros,
+    /// Whether the root's last answer failed (a cut-off region).
+    pub root_failed: bool,
+    /// Whether an ask to the root is in flight.
+    pub asking: bool,
+    /// This caller asks the root (a take), or hands units back (a withdrawal): what.
+    pub ask: Option<RootAsk>,
+}
+
+/// What a pool's caller asks the root, or hands back to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RootAsk {
+    /// Units to ask (at least 1), or to hand back.
+    pub units: u64,
+    /// The learning rule's report: the epoch of the pool's units and what was taken from
+    /// them since the last report.
+    pub epoch: Micros,
+    /// See above.
+    pub admitted: u64,
+    /// The pool's `used` the report counts up to.
+    pub used: u64,
+    /// The root window's start, root time (a hand-back's guard).
+    pub guard: Micros,
+}
+
+/// A pool's state.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Pool {
+    /// Units the root granted for this pool.
+    pub granted: u64,
+    /// Units taken (by blocks and requests) or withdrawn.
+    pub used: u64,
+    /// The root window's start, root time.
+    pub guard: Micros,
+    /// The root's epoch of the units.
+    pub epoch: Micros,
+    /// Region time the pool was made.
+    pub generation: Micros,
+    /// Region time after which it grants nothing.
+    pub until: Micros,
+    /// See [`Install::offset`].
+    pub offset: i64,
+    /// Units taken plus hits refused, ever: the region's demand.
+    pub demand: u64,
+    /// `demand` and region time at the last ask: the region's rate since.
+    pub asked_demand: u64,
+    /// See above.
+    pub asked_at: Micros,
+    /// Region time until which an ask is in flight (or nobody asks again).
+    pub asking_until: Micros,
+    /// `used` when the last report went to the root.
+    pub reported: u64,
+    /// Whether the root's last answer failed.
+    pub failed: bool,
+    /// Region time of the last take of units.
+    pub last_take: Micros,
+}
+
+impl Pool {
+    /// Applies `kind` at region time `now`; returns the answer. A missing pool is
+    /// `Pool::default()`; the caller keeps the pool while `keep_until` (see
+    /// [`Pool::keep_until`]) is ahead.
+    pub fn apply(&mut self, kind: &PoolKind, now: Micros) -> PoolAnswer {
+        let mut answer = match *kind {
+            PoolKind::Take {
+                want,
+                need,
+                instances,
+                timing,
+            } => self.take(want, need, instances, &timing, now),
+            PoolKind::Return {
+                units,
+                generation,
+                guard,
+            } => {
+                let mut back = 0;
+                if generation == self.generation && guard == self.guard && self.generation != 0 {
+                    back = units.min(self.used);
+                    self.used -= back;
+                    self.reported = self.reported.min(self.used);
+                }
+                PoolAnswer {
+                    units: back,
+                    ..PoolAnswer::default()
+                }
+            }
+            PoolKind::Install(install) => self.install(&install, now),
+            PoolKind::Withdraw { idle } => self.withdraw(idle, now),
+        };
+        answer.now = now;
+        answer.root_now = if self.generation == 0 {
+            now
+        } else {
+            now.saturating_add_signed(self.offset)
+        };
+        answer.free = self.free(now);
+        answer.until = self.until;
+        answer.guard = self.guard;
+        answer.epoch = self.epoch;
+        answer.generation = self.generation;
+        answer.root_failed = self.failed;
+        answer.asking = now < self.asking_until;
+        answer
+    }
+
+    /// Free units at `now`.
+    pub fn free(&self, now: Micros) -> u64 {
+        if now < self.until {
+            self.granted - self.used
+        } else {
+            0
+        }
+    }
+
+    /// How long a store keeps the pool: past its end, the region's rate and the marker still
+    /// matter for a few periods.
+    pub fn keep_until(&self, period: Micros) -> Micros {
+        self.until
+            .max(self.asking_until)
+            .max(self.asked_at)
+            .saturating_add(4 * period)
+    }
+
+    fn take(
+        &mut self,
+        want: u64,
+        need: u64,
+        instances: u64,
+        timing: &Timing,
+        now: Micros,
+    ) -> PoolAnswer {
+        let free = self.free(now);
+        let units = if need > 0 && need <= free {
+            let share = free / (2 * instances.max(1));
+            want.min(share).max(need).min(free)
+        } else {
+            0
+        };
+        self.used += units;
+        if need > 0 {
+            self.demand += if units > 0 { units } else { need };
+            self.last_take = now;
+        }
+        let mut answer = PoolAnswer {
+            units,
+            ..PoolAnswer::default()
+        };
+        if need == 0 || now < self.asking_until {
+            return answer;
+        }
+        // The region's rate since the last ask (units per µs), what is left would last
+        // `lead` at it; an ask wants a region lease period's worth.
+        let rate = if self.asked_at > 0 && now > self.asked_at {
+            (self.demand - self.asked_demand) as f64 / (now - self.asked_at) as f64
+        } else {
+            0.0
+        };
+        let low_water = (rate * timing.lead as f64).ceil() as u64;
+        let left = free - units;
+        let window_end = (self.guard + timing.window).saturating_add_signed(-self.offset);
+        let ending = now.saturating_add(timing.lead) >= self.until && self.until < window_end;
+        if units > 0 && left >= low_water.max(1) && !ending {
+            return answer;
+        }
+        self.asking_until = now.saturating_add(timing.ask_ttl);
+        self.asked_at = now;
+        self.asked_demand = self.demand;
+        answer.ask = Some(RootAsk {
+            units: ((rate * timing.period as f64).ceil() as u64).max(need),
+            epoch: self.epoch,
+            admitted: self.used.saturating_sub(self.reported),
+            used: self.used,
+            guard: self.guard,
+        });
+        answer
+    }
+
+    fn install(&mut self, install: &Install, now: Micros) -> PoolAnswer {
+        self.asking_until = if install.units > 0 {
+            0
+        } else {
+            install.retry_at
+        };
+        self.failed = install.failed;
+        if install.failed {
+            return PoolAnswer::default();
+        }
+        let ends = install.asked_at.saturating_add(install.left);
+        let same = self.generation != 0
+            && now < self.until
+            && self.guard == install.guard
+            && self.epoch == install.epoch;
+        if same {
+            self.reported = self.reported.max(install.reported).min(self.used);
+        }
+        if install.units == 0 {
+            return PoolAnswer::default();
+        }
+        if ends <= now {
+            // Too late: the units go back to the root (the caller hands them back).
+            return PoolAnswer {
+                ask: Some(RootAsk {
+                    units: install.units,
+                    guard: install.guard,
+                    epoch: install.epoch,
+                    ..RootAsk::default()
+                }),
+                ..PoolAnswer::default()
+            };
+        }
+        if same {
+            self.granted += install.units;
+            self.until = self.until.max(ends);
+            self.offset = self.offset.max(install.offset);
+        } else {
+            *self = Pool {
+                granted: install.units,
+                used: 0,
+                guard: install.guard,
+                epoch: install.epoch,
+                generation: now.max(self.generation + 1),
+                until: ends,
+                offset: install.offset,
+                reported: 0,
+                failed: false,
+                asking_until: 0,
+                ..*self
+            };
+        }
+        PoolAnswer {
+            units: install.units,
+            ..PoolAnswer::default()
+        }
+    }
+
+    fn withdraw(&mut self, idle: Micros, now: Micros) -> PoolAnswer {
+        let free = self.granted - self.used;
+        let quiet = now >= self.until || now.saturating_sub(self.last_take) >= idle;
+        if self.generation == 0 || free == 0 || !quiet {
+            return PoolAnswer::default();
+        }
+        let admitted = self.used.saturating_sub(self.reported);
+        self.used = self.granted;
+        self.reported = self.used;
+        PoolAnswer {
+            units: free,
+            ask: Some(RootAsk {
+                units: free,
+                epoch: self.epoch,
+                admitted,
+                used: self.used,
+                guard: self.guard,
+            }),
+            ..PoolAnswer::default()
+        }
+    }
+}
+
+impl PoolAnswer {
+    /// The answer to a take of `need` hits, as a counter's decision: allowed when units
+    /// came; what is left of the root window; a refusal retried once the ask in flight lands
+    /// (or a quarter of `period`).
+    pub fn decision(&self, window: Micros, period: Micros) -> Decision {
+        let reset_after = if self.generation == 0 {
+            window - self.root_now % window.max(1)
+        } else {
+            (self.guard + window).saturating_sub(self.root_now)
+        };
+        Decision {
+            allowed: self.units > 0,
+            remaining: self.free,
+            reset_after,
+            retry_after: (self.units == 0).then_some((period / 4).max(1_000)),
+            overdraft: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMING: Timing = Timing {
+        lead: 100_000,
+        period: 2_000_000,
+        ask_ttl: 2_000_000,
+        window: 60_000_000,
+    };
+
+    fn take(pool: &mut Pool, want: u64, need: u64, now: Micros) -> PoolAnswer {
+        pool.apply(
+            &PoolKind::Take {
+                want,
+                need,
+                instances: 1,
+                timing: TIMING,
+            },
+            now,
+        )
+    }
+
+    fn grant(units: u64, asked_at: Micros) -> PoolKind {
+        PoolKind::Install(Install {
+            units,
+            guard: 60_000_000,
+            epoch: 7,
+            asked_at,
+            offset: 1_000,
+            left: 2_000_000,
+            ..Install::default()
+        })
+    }
+
+    #[test]
+    fn an_empty_pool_refuses_and_makes_one_caller_ask_the_root() {
+        let mut pool = Pool::default();
+        let first = take(&mut pool, 5, 1, 61_000_000);
+        assert_eq!(first.units, 0);
+        assert_eq!(first.ask.map(|a| a.units), Some(1));
+        let second = take(&mut pool, 5, 1, 61_000_001);
+        assert!(second.ask.is_none() && second.asking);
+        let installed = pool.apply(&grant(10, 61_000_000), 61_050_000);
+        assert_eq!(installed.units, 10);
+        assert_eq!(take(&mut pool, 5, 1, 61_050_000).units, 5);
+        // The pool ends a region lease period after the ask, timed from before it.
+        assert_eq!(take(&mut pool, 1, 1, 63_000_000).units, 0);
+    }
+
+    #[test]
+    fn a_grant_after_its_pool_would_have_ended_goes_back() {
+        let mut pool = Pool::default();
+        take(&mut pool, 5, 1, 61_000_000);
+        let late = pool.apply(&grant(10, 61_000_000), 63_000_000);
+        assert_eq!(late.units, 0);
+        assert_eq!(late.ask.map(|a| a.units), Some(10));
+        assert_eq!(pool.free(63_000_000), 0);
+    }
+
+    #[test]
+    fn returns_and_withdrawals_are_guarded() {
+        let mut pool = Pool::default();
+        take(&mut pool, 5, 1, 61_000_000);
+        pool.apply(&grant(10, 61_000_000), 61_000_100);
+        let taken = take(&mut pool, 4, 4, 61_000_200);
+        assert_eq!(taken.units, 4);
+        let stale = PoolKind::Return {
+            units: 4,
+            generation: taken.generation + 1,
+            guard: taken.guard,
+        };
+        assert_eq!(pool.apply(&stale, 61_000_300).units, 0);
+        let back = PoolKind::Return {
+            units: 4,
+            generation: taken.generation,
+            guard: taken.guard,
+        };
+        assert_eq!(pool.apply(&back, 61_000_300).units, 4);
+        // Idle for less than asked: nothing withdrawn; then all of it, once.
+        let idle = PoolKind::Withdraw { idle: 500_000 };
+        assert_eq!(pool.apply(&idle, 61_100_000).units, 0);
+        let out = pool.apply(&idle, 61_600_000);
+        assert_eq!(out.units, 10);
+        assert_eq!(out.ask.map(|a| (a.units, a.admitted)), Some((10, 4)));
+        assert_eq!(pool.apply(&idle, 61_600_001).units, 0);
+    }
+
+    #[test]
+    fn a_failed_ask_says_so_and_a_refusal_waits_before_asking_again() {
+        let mut pool = Pool::default();
+        take(&mut pool, 5, 1, 61_000_000);
+        let failed = PoolKind::Install(Install {
+            failed: true,
+            retry_at: 61_500_000,
+            ..Install::default()
+        });
+        assert!(pool.apply(&failed, 61_000_100).root_failed);
+        assert!(take(&mut pool, 5, 1, 61_100_000).ask.is_none());
+        assert!(take(&mut pool, 5, 1, 61_500_000).ask.is_some());
+    }
+}

@@ -1,0 +1,162 @@
+-- Sluice: regions' pools of global counters (`scope: global`). The arithmetic of
+-- src/store/pool.rs (`Pool::apply`), mirrored line for line; read it there. A pool is one
+-- string key: its fourteen numbers, in the order of FIELDS below, expiring a few region lease
+-- periods after the pool ends (its rate and its ask marker still matter then).
+--
+-- KEYS     one pool per operation (a key may repeat: each operation sees the ones before it)
+-- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
+-- ARGV[..] ten values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
+--          then take: want, need, instances, lead, period, ask_ttl, window;
+--          return: units, generation, guard;
+--          install: units, guard, epoch, asked_at, offset, left, reported, retry_at, failed;
+--          withdraw: idle (times in µs)
+-- Returns  {now, then per operation: units, free, root_now, until, guard, epoch, generation,
+--          flags (1 root failed, 2 asking, 4 an ask follows), ask units, ask epoch, ask
+--          admitted, ask used, ask guard}
+-- The layout, defined once in Rust (`mod args` in src/store/redis/pool.rs).
+local tonumber, format, gmatch = tonumber, string.format, string.gmatch
+local ceil, max, min = math.ceil, math.max, math.min
+local PER_OP, PER_ANSWER = 10, 13
+local TAKE, RETURN, INSTALL, WITHDRAW = 1, 2, 3, 4
+
+local now = tonumber(ARGV[1])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function load(key)
+  local p = { granted = 0, used = 0, guard = 0, epoch = 0, generation = 0, until = 0, offset = 0,
+    demand = 0, asked_demand = 0, asked_at = 0, asking_until = 0, reported = 0, failed = 0,
+    last_take = 0 }
+  local raw = redis.call('GET', key)
+  if raw then
+    local v, i = {}, 1
+    for n in gmatch(raw, '%-?%d+') do v[i] = tonumber(n); i = i + 1 end
+    if i == 15 then
+      p.granted, p.used, p.guard, p.epoch, p.generation, p.until, p.offset = v[1], v[2], v[3],
+        v[4], v[5], v[6], v[7]
+      p.demand, p.asked_demand, p.asked_at, p.asking_until, p.reported, p.failed, p.last_take =
+        v[8], v[9], v[10], v[11], v[12], v[13], v[14]
+    end
+  end
+  return p
+end
+
+local function free(p)
+  if now < p.until then return p.granted - p.used end
+  return 0
+end
+
+local function take(p, want, need, instances, lead, period, ask_ttl, window, answer)
+  local f = free(p)
+  local units = 0
+  if need > 0 and need <= f then
+    local share = math.floor(f / (2 * max(instances, 1)))
+    units = min(max(min(want, share), need), f)
+  end
+  p.used = p.used + units
+  if need > 0 then
+    if units > 0 then p.demand = p.demand + units else p.demand = p.demand + need end
+    p.last_take = now
+  end
+  answer.units = units
+  if need == 0 or now < p.asking_until then return end
+  local rate = 0
+  if p.asked_at > 0 and now > p.asked_at then
+    rate = (p.demand - p.asked_demand) / (now - p.asked_at)
+  end
+  local low_water = ceil(rate * lead)
+  local left = f - units
+  local window_end = p.guard + window - p.offset
+  local ending = now + lead >= p.until and p.until < window_end
+  if units > 0 and left >= max(low_water, 1) and not ending then return end
+  p.asking_until = now + ask_ttl
+  p.asked_at = now
+  p.asked_demand = p.demand
+  answer.ask = { max(ceil(rate * period), need), p.epoch, max(p.used - p.reported, 0), p.used,
+    p.guard }
+end
+
+local function install(p, units, guard, epoch, asked_at, offset, left, reported, retry_at, failed,
+                       answer)
+  if units > 0 then p.asking_until = 0 else p.asking_until = retry_at end
+  p.failed = failed
+  if failed == 1 then return end
+  local ends = asked_at + left
+  local same = p.generation ~= 0 and now < p.until and p.guard == guard and p.epoch == epoch
+  if same then p.reported = min(max(p.reported, reported), p.used) end
+  if units == 0 then return end
+  if ends <= now then
+    answer.ask = { units, epoch, 0, 0, guard }
+    return
+  end
+  if same then
+    p.granted = p.granted + units
+    p.until = max(p.until, ends)
+    p.offset = max(p.offset, offset)
+  else
+    p.generation = max(now, p.generation + 1)
+    p.granted, p.used, p.guard, p.epoch, p.until, p.offset = units, 0, guard, epoch, ends, offset
+    p.reported, p.failed, p.asking_until = 0, 0, 0
+  end
+  answer.units = units
+end
+
+local function withdraw(p, idle, answer)
+  local f = p.granted - p.used
+  local quiet = now >= p.until or now - p.last_take >= idle
+  if p.generation == 0 or f == 0 or not quiet then return end
+  local admitted = max(p.used - p.reported, 0)
+  p.used = p.granted
+  p.reported = p.used
+  answer.units = f
+  answer.ask = { f, p.epoch, admitted, p.used, p.guard }
+end
+
+local out = { now }
+for k = 1, #KEYS do
+  local a = 1 + (k - 1) * PER_OP
+  local function arg(i) return tonumber(ARGV[a + i]) end
+  local kind = arg(1)
+  local p = load(KEYS[k])
+  local answer = { units = 0 }
+  local period = 0
+  if kind == TAKE then
+    period = arg(6)
+    take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), answer)
+  elseif kind == RETURN then
+    local units, generation, guard = arg(2), arg(3), arg(4)
+    if generation == p.generation and guard == p.guard and p.generation ~= 0 then
+      local back = min(units, p.used)
+      p.used = p.used - back
+      p.reported = min(p.reported, p.used)
+      answer.units = back
+    end
+  elseif kind == INSTALL then
+    install(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), answer)
+  elseif kind == WITHDRAW then
+    withdraw(p, arg(2), answer)
+  end
+  if p.generation ~= 0 or p.asking_until > 0 or p.asked_at > 0 then
+    -- Kept a few periods past its end (the longest period seen on it, at least 10 s).
+    local keep = max(p.until, p.asking_until, p.asked_at) + 4 * max(period, 10000000) - now
+    redis.call('SET', KEYS[k], format('%d %d %d %d %d %d %d %d %d %d %d %d %d %d', p.granted,
+      p.used, p.guard, p.epoch, p.generation, p.until, p.offset, p.demand, p.asked_demand,
+      p.asked_at, p.asking_until, p.reported, p.failed, p.last_take), 'PX',
+      max(ceil(keep / 1000), 1))
+  end
+  local root_now = now
+  if p.generation ~= 0 then root_now = now + p.offset end
+  local flags = 0
+  if p.failed == 1 then flags = flags + 1 end
+  if now < p.asking_until then flags = flags + 2 end
+  local ask = answer.ask or { 0, 0, 0, 0, 0 }
+  if answer.ask then flags = flags + 4 end
+  local o = #out
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = answer.units, free(p), root_now, p.until
+  out[o + 5], out[o + 6], out[o + 7], out[o + 8] = p.guard, p.epoch, p.generation, flags
+  out[o + 9], out[o + 10], out[o + 11], out[o + 12], out[o + 13] = ask[1], ask[2], ask[3], ask[4],
+    ask[5]
+end
+return out
