@@ -98,10 +98,7 @@ pub trait Shared: Store {
 
     /// Operates on this region's pools of global counters ([`pool`]), each operation on its
     /// own and atomically.
-    fn pool<'a>(
-        &'a self,
-        ops: &'a [PoolOp],
-    ) -> BoxFuture<'a, Result<Vec<PoolAnswer>, StoreError>>;
+    fn pool<'a>(&'a self, ops: &'a [PoolOp]) -> BoxFuture<'a, Result<Vec<PoolAnswer>, StoreError>>;
 
     /// Records that `instance` takes leases now and answers how many instances did within
     /// `within` (at least 1): blocks are shared among them.

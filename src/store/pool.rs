@@ -22,6 +22,10 @@
 use crate::algorithm::{Decision, Micros};
 use crate::store::CounterKey;
 
+/// How long a pool's state outlives the pool (its end, its last ask): its rate and its ask
+/// marker still matter for a while.
+pub const KEEP: Micros = 60_000_000;
+
 /// One operation on a region's pool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolOp {
@@ -184,9 +188,11 @@ pub struct Pool {
 
 impl Pool {
     /// Applies `kind` at region time `now`; returns the answer. A missing pool is
-    /// `Pool::default()`; the caller keeps the pool while `keep_until` (see
-    /// [`Pool::keep_until`]) is ahead.
+    /// `Pool::default()`.
     pub fn apply(&mut self, kind: &PoolKind, now: Micros) -> PoolAnswer {
+        if self.keep_until() <= now {
+            *self = Pool::default();
+        }
         let mut answer = match *kind {
             PoolKind::Take {
                 want,
@@ -238,13 +244,14 @@ impl Pool {
         }
     }
 
-    /// How long a store keeps the pool: past its end, the region's rate and the marker still
-    /// matter for a few periods.
-    pub fn keep_until(&self, period: Micros) -> Micros {
+    /// Until when the pool's state matters: past its end, the region's rate and the marker
+    /// still do for [`KEEP`]. A store may drop it then; [`Pool::apply`] forgets it then
+    /// anyway, so that a store's expiry, late or early, changes nothing.
+    pub fn keep_until(&self) -> Micros {
         self.until
             .max(self.asking_until)
             .max(self.asked_at)
-            .saturating_add(4 * period)
+            .saturating_add(KEEP)
     }
 
     fn take(
@@ -481,12 +488,13 @@ mod tests {
             guard: taken.guard,
         };
         assert_eq!(pool.apply(&back, 61_000_300).units, 4);
-        // Idle for less than asked: nothing withdrawn; then all of it, once.
+        // Idle for less than asked: nothing withdrawn; then all of it, once (the units taken
+        // came back: nothing to report).
         let idle = PoolKind::Withdraw { idle: 500_000 };
         assert_eq!(pool.apply(&idle, 61_100_000).units, 0);
         let out = pool.apply(&idle, 61_600_000);
         assert_eq!(out.units, 10);
-        assert_eq!(out.ask.map(|a| (a.units, a.admitted)), Some((10, 4)));
+        assert_eq!(out.ask.map(|a| (a.units, a.admitted)), Some((10, 0)));
         assert_eq!(pool.apply(&idle, 61_600_001).units, 0);
     }
 

@@ -44,6 +44,7 @@ mod redis_lease;
 mod redis_migration;
 mod redis_overload;
 mod redis_per_second;
+mod redis_pool;
 mod redis_tls;
 mod reference_config;
 mod reference_health;

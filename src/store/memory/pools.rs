@@ -14,8 +14,6 @@ const MAX_POOLS: usize = 100_000;
 #[derive(Default)]
 pub(super) struct Pools {
     pools: HashMap<CounterKey, Pool>,
-    /// The longest region lease period seen: how long an ended pool is kept.
-    period: Micros,
 }
 
 impl Pools {
@@ -24,12 +22,8 @@ impl Pools {
     }
 
     fn apply_one(&mut self, op: &PoolOp, now: Micros) -> PoolAnswer {
-        if let PoolKind::Take { timing, .. } = op.kind {
-            self.period = self.period.max(timing.period);
-        }
         if !self.pools.contains_key(&op.key) && self.pools.len() >= MAX_POOLS {
-            let period = self.period;
-            self.pools.retain(|_, pool| pool.keep_until(period) > now);
+            self.pools.retain(|_, pool| pool.keep_until() > now);
             if self.pools.len() >= MAX_POOLS {
                 return Pool::default().apply(&PoolKind::Withdraw { idle: 0 }, now);
             }

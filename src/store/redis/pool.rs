@@ -165,7 +165,7 @@ mod tests {
     fn answers_that_do_not_add_up_are_refused() {
         assert!(decode(&[], 0).is_err());
         assert!(decode(&[5, 1, 1], 1).is_err());
-        let answers = decode(&[7, 3, 9, 100, 200, 60, 2, 50, 6, 4, 0, 0, 0, 0], 1).unwrap();
+        let answers = decode(&[7, 3, 9, 100, 200, 60, 2, 50, 2, 0, 0, 0, 0, 0], 1).unwrap();
         assert_eq!(answers[0].units, 3);
         assert_eq!(answers[0].root_now, 100);
         assert!(answers[0].asking && answers[0].ask.is_none() && !answers[0].root_failed);

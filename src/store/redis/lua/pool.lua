@@ -14,9 +14,11 @@
 --          flags (1 root failed, 2 asking, 4 an ask follows), ask units, ask epoch, ask
 --          admitted, ask used, ask guard}
 -- The layout, defined once in Rust (`mod args` in src/store/redis/pool.rs).
-local tonumber, format, gmatch = tonumber, string.format, string.gmatch
+local tonumber, format, gmatch, pairs = tonumber, string.format, string.gmatch, pairs
 local ceil, max, min = math.ceil, math.max, math.min
 local PER_OP, PER_ANSWER = 10, 13
+-- How long a pool's state outlives the pool (`KEEP` in src/store/pool.rs).
+local KEEP = 60000000
 local TAKE, RETURN, INSTALL, WITHDRAW = 1, 2, 3, 4
 
 local now = tonumber(ARGV[1])
@@ -26,7 +28,7 @@ if now == 0 then
 end
 
 local function load(key)
-  local p = { granted = 0, used = 0, guard = 0, epoch = 0, generation = 0, until = 0, offset = 0,
+  local p = { granted = 0, used = 0, guard = 0, epoch = 0, generation = 0, ends = 0, offset = 0,
     demand = 0, asked_demand = 0, asked_at = 0, asking_until = 0, reported = 0, failed = 0,
     last_take = 0 }
   local raw = redis.call('GET', key)
@@ -34,17 +36,21 @@ local function load(key)
     local v, i = {}, 1
     for n in gmatch(raw, '%-?%d+') do v[i] = tonumber(n); i = i + 1 end
     if i == 15 then
-      p.granted, p.used, p.guard, p.epoch, p.generation, p.until, p.offset = v[1], v[2], v[3],
+      p.granted, p.used, p.guard, p.epoch, p.generation, p.ends, p.offset = v[1], v[2], v[3],
         v[4], v[5], v[6], v[7]
       p.demand, p.asked_demand, p.asked_at, p.asking_until, p.reported, p.failed, p.last_take =
         v[8], v[9], v[10], v[11], v[12], v[13], v[14]
     end
   end
+  if max(p.ends, p.asking_until, p.asked_at) + KEEP <= now then
+    -- Past what its state is good for (Redis's expiry runs on its own clock): forgotten.
+    for field in pairs(p) do p[field] = 0 end
+  end
   return p
 end
 
 local function free(p)
-  if now < p.until then return p.granted - p.used end
+  if now < p.ends then return p.granted - p.used end
   return 0
 end
 
@@ -69,7 +75,7 @@ local function take(p, want, need, instances, lead, period, ask_ttl, window, ans
   local low_water = ceil(rate * lead)
   local left = f - units
   local window_end = p.guard + window - p.offset
-  local ending = now + lead >= p.until and p.until < window_end
+  local ending = now + lead >= p.ends and p.ends < window_end
   if units > 0 and left >= max(low_water, 1) and not ending then return end
   p.asking_until = now + ask_ttl
   p.asked_at = now
@@ -84,7 +90,7 @@ local function install(p, units, guard, epoch, asked_at, offset, left, reported,
   p.failed = failed
   if failed == 1 then return end
   local ends = asked_at + left
-  local same = p.generation ~= 0 and now < p.until and p.guard == guard and p.epoch == epoch
+  local same = p.generation ~= 0 and now < p.ends and p.guard == guard and p.epoch == epoch
   if same then p.reported = min(max(p.reported, reported), p.used) end
   if units == 0 then return end
   if ends <= now then
@@ -93,11 +99,11 @@ local function install(p, units, guard, epoch, asked_at, offset, left, reported,
   end
   if same then
     p.granted = p.granted + units
-    p.until = max(p.until, ends)
+    p.ends = max(p.ends, ends)
     p.offset = max(p.offset, offset)
   else
     p.generation = max(now, p.generation + 1)
-    p.granted, p.used, p.guard, p.epoch, p.until, p.offset = units, 0, guard, epoch, ends, offset
+    p.granted, p.used, p.guard, p.epoch, p.ends, p.offset = units, 0, guard, epoch, ends, offset
     p.reported, p.failed, p.asking_until = 0, 0, 0
   end
   answer.units = units
@@ -105,7 +111,7 @@ end
 
 local function withdraw(p, idle, answer)
   local f = p.granted - p.used
-  local quiet = now >= p.until or now - p.last_take >= idle
+  local quiet = now >= p.ends or now - p.last_take >= idle
   if p.generation == 0 or f == 0 or not quiet then return end
   local admitted = max(p.used - p.reported, 0)
   p.used = p.granted
@@ -121,9 +127,7 @@ for k = 1, #KEYS do
   local kind = arg(1)
   local p = load(KEYS[k])
   local answer = { units = 0 }
-  local period = 0
   if kind == TAKE then
-    period = arg(6)
     take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), answer)
   elseif kind == RETURN then
     local units, generation, guard = arg(2), arg(3), arg(4)
@@ -138,11 +142,12 @@ for k = 1, #KEYS do
   elseif kind == WITHDRAW then
     withdraw(p, arg(2), answer)
   end
-  if p.generation ~= 0 or p.asking_until > 0 or p.asked_at > 0 then
-    -- Kept a few periods past its end (the longest period seen on it, at least 10 s).
-    local keep = max(p.until, p.asking_until, p.asked_at) + 4 * max(period, 10000000) - now
+  local keep = max(p.ends, p.asking_until, p.asked_at) + KEEP - now
+  if keep <= 0 then
+    redis.call('DEL', KEYS[k])
+  else
     redis.call('SET', KEYS[k], format('%d %d %d %d %d %d %d %d %d %d %d %d %d %d', p.granted,
-      p.used, p.guard, p.epoch, p.generation, p.until, p.offset, p.demand, p.asked_demand,
+      p.used, p.guard, p.epoch, p.generation, p.ends, p.offset, p.demand, p.asked_demand,
       p.asked_at, p.asking_until, p.reported, p.failed, p.last_take), 'PX',
       max(ceil(keep / 1000), 1))
   end
@@ -154,7 +159,7 @@ for k = 1, #KEYS do
   local ask = answer.ask or { 0, 0, 0, 0, 0 }
   if answer.ask then flags = flags + 4 end
   local o = #out
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = answer.units, free(p), root_now, p.until
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = answer.units, free(p), root_now, p.ends
   out[o + 5], out[o + 6], out[o + 7], out[o + 8] = p.guard, p.epoch, p.generation, flags
   out[o + 9], out[o + 10], out[o + 11], out[o + 12], out[o + 13] = ask[1], ask[2], ask[3], ask[4],
     ask[5]

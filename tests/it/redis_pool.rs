@@ -1,0 +1,130 @@
+//! Regions' pools of global counters: `lua/pool.lua` against the arithmetic it mirrors
+//! (`store::pool`, which the memory store runs). Random operations on a few pools, on one
+//! pinned clock, answer the same from a real Redis as from memory, one by one.
+
+use std::sync::Arc;
+
+use crate::common::redis::RedisServer;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
+use sluice::clock::{Clock, ManualClock, SystemClock};
+use sluice::store::memory::MemoryOptions;
+use sluice::store::pool::{Install, PoolKind, Timing};
+use sluice::store::redis::{RedisKind, RedisOptions};
+use sluice::store::{CounterKey, MemoryStore, PoolOp, RedisStore, Shared};
+
+const WINDOW: Micros = 60 * SECOND;
+const TENANTS: [&str; 3] = ["a", "b", "c"];
+
+const TIMING: Timing = Timing {
+    lead: 300_000,
+    period: 2 * SECOND,
+    ask_ttl: 2 * SECOND,
+    window: WINDOW,
+};
+
+fn kind() -> impl Strategy<Value = PoolKind> {
+    prop_oneof![
+        4 => (0u64..50, 0u64..5, 1u64..4).prop_map(|(want, need, instances)| PoolKind::Take {
+            want,
+            need,
+            instances,
+            timing: TIMING,
+        }),
+        1 => (0u64..20, any::<bool>(), any::<bool>()).prop_map(|(units, same, guard)| {
+            PoolKind::Return {
+                units,
+                // The generation and guard are filled in from the last answer when `same`.
+                generation: u64::from(!same),
+                guard: u64::from(!guard),
+            }
+        }),
+        2 => (0u64..100, 0u64..2, 0u64..3 * SECOND, any::<bool>(), 0i64..5_000)
+            .prop_map(|(units, epoch, left, failed, offset)| PoolKind::Install(Install {
+                units,
+                guard: 0,
+                epoch,
+                asked_at: 0,
+                offset,
+                left,
+                reported: 0,
+                retry_at: 0,
+                failed,
+            })),
+        1 => (0u64..SECOND).prop_map(|idle| PoolKind::Withdraw { idle }),
+    ]
+}
+
+/// The operation with times and guards made relative to the pool as last answered, so that
+/// the random cases reach the pool's every branch.
+fn place(kind: PoolKind, last: &sluice::store::PoolAnswer, now: Micros) -> PoolKind {
+    match kind {
+        PoolKind::Return {
+            units,
+            generation,
+            guard,
+        } => PoolKind::Return {
+            units,
+            generation: if generation == 0 { last.generation } else { 1 },
+            guard: if guard == 0 { last.guard } else { 1 },
+        },
+        PoolKind::Install(install) => {
+            let root_now = now + install.offset as Micros;
+            PoolKind::Install(Install {
+                guard: root_now - root_now % WINDOW,
+                asked_at: now.saturating_sub(install.left / 3),
+                left: install.left.min(WINDOW - root_now % WINDOW),
+                reported: last.free / 2,
+                retry_at: now + SECOND / 4,
+                ..install
+            })
+        }
+        kind => kind,
+    }
+}
+
+#[test]
+fn the_pool_script_answers_what_the_memory_store_does() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let ops = proptest::collection::vec((0usize..3, 0u64..SECOND, kind()), 1..80);
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let limit = Limit::new(100, WINDOW, Algorithm::FixedWindow);
+    runner
+        .run(&ops, |ops| {
+            let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let clock = Arc::new(ManualClock::new(SystemClock.now()));
+            let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
+            let options = RedisOptions {
+                key_prefix: format!("pool{case}:"),
+                ..RedisOptions::new(redis.url(), RedisKind::Single)
+            };
+            let store = RedisStore::new(&options).unwrap().with_clock(clock.clone());
+            runtime.block_on(async {
+                let mut last = vec![sluice::store::PoolAnswer::default(); 3];
+                for (step, (pool, gap, kind)) in ops.into_iter().enumerate() {
+                    clock.advance(gap);
+                    let kind = place(kind, &last[pool], clock.now());
+                    let op = PoolOp {
+                        key: CounterKey::new("api", [("tenant", TENANTS[pool])], &limit),
+                        kind,
+                    };
+                    let ours = memory.pool(std::slice::from_ref(&op)).await.unwrap();
+                    let theirs = store.pool(std::slice::from_ref(&op)).await.unwrap();
+                    prop_assert_eq!(ours[0], theirs[0], "step {}: {:?}", step, kind);
+                    last[pool] = ours[0];
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
