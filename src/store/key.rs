@@ -86,6 +86,24 @@ impl CounterKey {
         self.0.ends_with('_')
     }
 
+    /// The same counter, global (`scope: global`): one budget for every region, kept at the
+    /// root and leased through each region's pool. Its key ends with `|global`, after the
+    /// limit's tag, which no other key does (a value's `|` is escaped, and the reference
+    /// layout ends with `_`).
+    pub fn global(self) -> Self {
+        if self.is_global() {
+            return self;
+        }
+        let mut key = self.0.into_string();
+        key.push_str(GLOBAL);
+        Self(key.into_boxed_str())
+    }
+
+    /// Whether this is a global counter's key ([`CounterKey::global`]).
+    pub fn is_global(&self) -> bool {
+        self.0.ends_with(GLOBAL)
+    }
+
     /// The encoded key.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -97,6 +115,9 @@ impl fmt::Display for CounterKey {
         f.write_str(&self.0)
     }
 }
+
+/// The end of a global counter's key.
+const GLOBAL: &str = "|global";
 
 /// Parts longer than this many bytes are written as their digest.
 pub const LONG_PART: usize = 128;
@@ -137,6 +158,17 @@ fn escape_into(out: &mut String, part: &str) {
 mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, SECOND};
+
+    #[test]
+    fn only_a_global_counters_key_ends_as_one() {
+        let key = CounterKey::new("api", [("tenant", "x|global")], &MINUTE);
+        assert!(!key.is_global());
+        let global = key.clone().global();
+        assert!(global.is_global());
+        assert_eq!(global.as_str(), format!("{key}|global"));
+        assert_eq!(global.clone().global(), global);
+        assert!(!CounterKey::reference("api", [("tenant", "|global")]).is_global());
+    }
 
     const MINUTE: Limit = Limit {
         overdraft: false,

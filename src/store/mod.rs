@@ -13,6 +13,8 @@
 //! - [`resilient`]: deadline, circuit breaker and `failure_mode` around a shared store.
 //!   Shared.
 //! - [`split`]: per-second counters on a Redis of their own (`REDIS_PERSECOND`). Shared.
+//! - [`region`]: global counters (`scope: global`) through this region's [`pool`]s, granted
+//!   by a root counter in another store (`ROOT_REDIS_URL`). Shared.
 //! - [`lease`]: leased quota: blocks of units taken from a shared counter, admitted in
 //!   memory. A `Store` over a `Shared`.
 //! - [`overlimit`]: answers keys known to be over the limit without a store round trip. A
@@ -32,6 +34,7 @@ pub mod overlimit;
 pub mod pool;
 pub mod redis;
 pub mod refused;
+pub mod region;
 pub mod resilient;
 pub mod split;
 
@@ -52,6 +55,7 @@ pub use overlimit::OverLimitCache;
 pub use pool::{PoolAnswer, PoolOp};
 pub use redis::RedisStore;
 pub use refused::{RefusedAdd, RefusedClose, RefusedCounts};
+pub use region::{RegionOptions, Regions};
 pub use resilient::Resilient;
 pub use split::PerSecondSplit;
 

@@ -47,6 +47,9 @@ pub enum PoolKind {
         need: u64,
         /// The region's instances taking leases recently.
         instances: u64,
+        /// The demand a refusal stands for (at least `need`): a refused block is asked
+        /// again only after a while, and stands for its instance's use in that while.
+        demand: u64,
         /// When the pool asks the root.
         timing: Timing,
     },
@@ -62,8 +65,8 @@ pub enum PoolKind {
     },
     /// The root's answer to the ask this pool's [`RootAsk`] made.
     Install(Install),
-    /// The free units out, for a hand-back to the root: when no instance took any for `idle`,
-    /// or the pool ended.
+    /// The free units out, for a hand-back to the root, with what was taken since the last
+    /// report: when no instance took any for `idle`, or the pool ended.
     Withdraw {
         /// How long the pool must have been idle.
         idle: Micros,
@@ -198,8 +201,9 @@ impl Pool {
                 want,
                 need,
                 instances,
+                demand,
                 timing,
-            } => self.take(want, need, instances, &timing, now),
+            } => self.take((want, need, demand), instances, &timing, now),
             PoolKind::Return {
                 units,
                 generation,
@@ -256,8 +260,7 @@ impl Pool {
 
     fn take(
         &mut self,
-        want: u64,
-        need: u64,
+        (want, need, demand): (u64, u64, u64),
         instances: u64,
         timing: &Timing,
         now: Micros,
@@ -271,7 +274,7 @@ impl Pool {
         };
         self.used += units;
         if need > 0 {
-            self.demand += if units > 0 { units } else { need };
+            self.demand += if units > 0 { units } else { need.max(demand) };
             self.last_take = now;
         }
         let mut answer = PoolAnswer {
@@ -319,10 +322,11 @@ impl Pool {
             return PoolAnswer::default();
         }
         let ends = install.asked_at.saturating_add(install.left);
-        let same = self.generation != 0
-            && now < self.until
-            && self.guard == install.guard
-            && self.epoch == install.epoch;
+        // The same pool while the root window and epoch are: an ended one comes back with
+        // what it still had free (counted at the root, never admitted), and blocks taken
+        // from it can still give back to it.
+        let same =
+            self.generation != 0 && self.guard == install.guard && self.epoch == install.epoch;
         if same {
             self.reported = self.reported.max(install.reported).min(self.used);
         }
@@ -369,10 +373,12 @@ impl Pool {
     fn withdraw(&mut self, idle: Micros, now: Micros) -> PoolAnswer {
         let free = self.granted - self.used;
         let quiet = now >= self.until || now.saturating_sub(self.last_take) >= idle;
-        if self.generation == 0 || free == 0 || !quiet {
+        let unreported = self.used.saturating_sub(self.reported);
+        if self.generation == 0 || (free == 0 && unreported == 0) || !quiet {
             return PoolAnswer::default();
         }
-        let admitted = self.used.saturating_sub(self.reported);
+        // (With nothing free, only the report: what was taken since the last one, which a
+        // root wiped under this pool must charge.)
         self.used = self.granted;
         self.reported = self.used;
         PoolAnswer {
@@ -380,7 +386,7 @@ impl Pool {
             ask: Some(RootAsk {
                 units: free,
                 epoch: self.epoch,
-                admitted,
+                admitted: unreported,
                 used: self.used,
                 guard: self.guard,
             }),
@@ -390,10 +396,9 @@ impl Pool {
 }
 
 impl PoolAnswer {
-    /// The answer to a take of `need` hits, as a counter's decision: allowed when units
-    /// came; what is left of the root window; a refusal retried once the ask in flight lands
-    /// (or a quarter of `period`).
-    pub fn decision(&self, window: Micros, period: Micros) -> Decision {
+    /// The answer to a take, as a counter's decision: allowed when units came; what is left
+    /// of the root window; a refusal retried after `retry`.
+    pub fn decision(&self, window: Micros, retry: Micros) -> Decision {
         let reset_after = if self.generation == 0 {
             window - self.root_now % window.max(1)
         } else {
@@ -403,7 +408,7 @@ impl PoolAnswer {
             allowed: self.units > 0,
             remaining: self.free,
             reset_after,
-            retry_after: (self.units == 0).then_some((period / 4).max(1_000)),
+            retry_after: (self.units == 0).then_some(retry.max(1_000)),
             overdraft: 0,
         }
     }
@@ -426,6 +431,7 @@ mod tests {
                 want,
                 need,
                 instances: 1,
+                demand: 0,
                 timing: TIMING,
             },
             now,

@@ -296,7 +296,7 @@ impl Resilient {
 }
 
 /// What `allow` and `deny` answer for `op` at `now`, without a store.
-fn fixed_answer(op: &CounterOp, now: crate::algorithm::Micros) -> Decision {
+pub(super) fn fixed_answer(op: &CounterOp, now: crate::algorithm::Micros) -> Decision {
     let reset = op.limit.window_left(now);
     if op.failure_mode == FailureMode::Deny {
         // A check of 0 hits is refused too: it is how a usage budget admits a stream

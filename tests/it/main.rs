@@ -51,6 +51,7 @@ mod reference_health;
 mod reference_integration;
 mod reference_limiter;
 mod reference_service;
+mod region_model;
 mod reload;
 mod rlqs_admin;
 mod rlqs_buffers;

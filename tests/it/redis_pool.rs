@@ -26,10 +26,11 @@ const TIMING: Timing = Timing {
 
 fn kind() -> impl Strategy<Value = PoolKind> {
     prop_oneof![
-        4 => (0u64..50, 0u64..5, 1u64..4).prop_map(|(want, need, instances)| PoolKind::Take {
+        4 => (0u64..50, 0u64..5, 1u64..4, 0u64..20).prop_map(|(want, need, instances, demand)| PoolKind::Take {
             want,
             need,
             instances,
+            demand,
             timing: TIMING,
         }),
         1 => (0u64..20, any::<bool>(), any::<bool>()).prop_map(|(units, same, guard)| {

@@ -83,13 +83,15 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
             want,
             need,
             instances,
+            demand,
             timing,
         } => {
-            values[..8].copy_from_slice(&[
+            values[..9].copy_from_slice(&[
                 args::TAKE,
                 c(want),
                 c(need),
                 c(instances.max(1)),
+                c(demand),
                 c(timing.lead),
                 c(timing.period),
                 c(timing.ask_ttl),

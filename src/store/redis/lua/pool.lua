@@ -6,7 +6,7 @@
 -- KEYS     one pool per operation (a key may repeat: each operation sees the ones before it)
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
 -- ARGV[..] ten values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
---          then take: want, need, instances, lead, period, ask_ttl, window;
+--          then take: want, need, instances, demand, lead, period, ask_ttl, window;
 --          return: units, generation, guard;
 --          install: units, guard, epoch, asked_at, offset, left, reported, retry_at, failed;
 --          withdraw: idle (times in µs)
@@ -54,7 +54,7 @@ local function free(p)
   return 0
 end
 
-local function take(p, want, need, instances, lead, period, ask_ttl, window, answer)
+local function take(p, want, need, instances, demand, lead, period, ask_ttl, window, answer)
   local f = free(p)
   local units = 0
   if need > 0 and need <= f then
@@ -63,7 +63,7 @@ local function take(p, want, need, instances, lead, period, ask_ttl, window, ans
   end
   p.used = p.used + units
   if need > 0 then
-    if units > 0 then p.demand = p.demand + units else p.demand = p.demand + need end
+    if units > 0 then p.demand = p.demand + units else p.demand = p.demand + max(need, demand) end
     p.last_take = now
   end
   answer.units = units
@@ -90,7 +90,7 @@ local function install(p, units, guard, epoch, asked_at, offset, left, reported,
   p.failed = failed
   if failed == 1 then return end
   local ends = asked_at + left
-  local same = p.generation ~= 0 and now < p.ends and p.guard == guard and p.epoch == epoch
+  local same = p.generation ~= 0 and p.guard == guard and p.epoch == epoch
   if same then p.reported = min(max(p.reported, reported), p.used) end
   if units == 0 then return end
   if ends <= now then
@@ -112,12 +112,12 @@ end
 local function withdraw(p, idle, answer)
   local f = p.granted - p.used
   local quiet = now >= p.ends or now - p.last_take >= idle
-  if p.generation == 0 or f == 0 or not quiet then return end
-  local admitted = max(p.used - p.reported, 0)
+  local unreported = max(p.used - p.reported, 0)
+  if p.generation == 0 or (f == 0 and unreported == 0) or not quiet then return end
   p.used = p.granted
   p.reported = p.used
   answer.units = f
-  answer.ask = { f, p.epoch, admitted, p.used, p.guard }
+  answer.ask = { f, p.epoch, unreported, p.used, p.guard }
 end
 
 local out = { now }
@@ -128,7 +128,7 @@ for k = 1, #KEYS do
   local p = load(KEYS[k])
   local answer = { units = 0 }
   if kind == TAKE then
-    take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), answer)
+    take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), answer)
   elseif kind == RETURN then
     local units, generation, guard = arg(2), arg(3), arg(4)
     if generation == p.generation and guard == p.guard and p.generation ~= 0 then

@@ -1,0 +1,619 @@
+//! Global counters across regions (`scope: global`; docs/configuration/leased-quota.md,
+//! "Across regions"): this region's pools between the root counter and the instances'
+//! blocks. To the root (one counter in the home region's store, run by the lease protocol
+//! as it is), a region is one leasing instance; its block lives in the region's store (a
+//! [`pool`](super::pool)), where every instance of the region takes blocks from it
+//! atomically. No request waits on the root:
+//!
+//! - A request's global counters are decided from its instance's block ([`super::Leased`],
+//!   above this layer), or from the region's pool (this layer, in the region's store).
+//! - A take that leaves a pool low makes its instance ask the root, in the background, for
+//!   what the region uses in a region lease period; one ask per pool is in flight
+//!   (the pool's marker). The answer is installed in the pool, valid from before the ask for
+//!   a region lease period at most, never past the root's window.
+//! - A request that finds its block and its pool empty is refused (under, never a wait).
+//!   While the root does not answer and the pool has ended, the rule's `failure_mode`
+//!   answers: `deny` refuses, `allow` admits, `local` counts in the region's store with
+//!   its share of the limit.
+//! - Units nobody in the region takes for a quarter region lease period go back to the root
+//!   (withdrawn from the pool first), guarded by the root window.
+//!
+//! Every unit admitted anywhere was granted by the root first: the planet never admits more
+//! than one exact counter would. Region-scope counters pass through to the region's store.
+
+mod root;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::pool::{PoolAnswer, PoolKind, PoolOp, Timing};
+use super::{
+    Admission, Applied, Batch, BoxFuture, ClaimAsk, ClaimGrant, CounterOp, FailureMode, Grant,
+    LeaseAsk, RefusedAdd, RefusedClose, RefusedCounts, Role, Shared, Store, StoreError,
+    StoreStatus, Take, admitted,
+};
+use crate::algorithm::{Decision, Limit, Micros};
+use crate::clock::Clock;
+
+/// Global counters this instance remembers (for hand-backs to the root); past it, the
+/// oldest are forgotten (their pools' units then go back only when another instance sees
+/// them, or die with their window: under, never over).
+const MAX_KNOWN: usize = 100_000;
+
+/// Settings of a region under a root.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegionOptions {
+    /// This region's name (`REGION`): the root counts regions by it.
+    pub region: String,
+    /// How long a region's pool lives after a grant (`REGION_LEASE_PERIOD`); asks want what
+    /// the region uses in this time.
+    pub period: Duration,
+    /// How long a call to the root may take (`ROOT_DEADLINE`).
+    pub root_deadline: Duration,
+    /// The instances' lease period (`LEASE_PERIOD`): a block taken from a pool lives this
+    /// much longer than it.
+    pub lease_period: Duration,
+    /// What `failure_mode: local` admits per window in a region cut off from the root, as a
+    /// share of the limit (`PARTITION_SHARE`; 0: one over the number of regions).
+    pub partition_share: f64,
+}
+
+impl Default for RegionOptions {
+    fn default() -> Self {
+        Self {
+            region: "default".into(),
+            period: Duration::from_secs(2),
+            root_deadline: Duration::from_secs(1),
+            lease_period: Duration::from_secs(1),
+            partition_share: 0.0,
+        }
+    }
+}
+
+/// A region's view of its pools and of the root.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RegionStatus {
+    /// This region's name.
+    pub region: String,
+    /// Whether the root answered the last call.
+    pub root_reachable: bool,
+    /// Regions the root counted at the last ask (at least 1).
+    pub regions: u64,
+    /// Root calls by result.
+    pub root_calls_ok: u64,
+    /// See above.
+    pub root_calls_failed: u64,
+    /// Units the root granted to this instance's asks, and handed back by it.
+    pub units_granted: u64,
+    /// See above.
+    pub units_returned: u64,
+    /// Units granted that arrived after their pool would have ended (handed back).
+    pub units_late: u64,
+    /// Global counters this instance decided from its pools, by failure mode, or refused.
+    pub pool_decisions: u64,
+    /// See above.
+    pub failure_mode_decisions: u64,
+    /// The last root round trip (µs).
+    pub round_trip: Micros,
+    /// Global counters this instance knows of.
+    pub pools: u64,
+}
+
+/// The region layer over this region's store and the root's.
+pub struct Regions {
+    core: Arc<Core>,
+}
+
+struct Core {
+    region: Arc<dyn Shared>,
+    root: Arc<dyn Shared>,
+    options: RegionOptions,
+    period: Micros,
+    /// How long the root grants nothing after a wipe under pools: every pool of the old
+    /// epoch has ended (a region lease period), its blocks too (a lease period), a sweep
+    /// has reported it (a quarter period) and the report has landed (the root deadline).
+    hold: Micros,
+    clock: Arc<dyn Clock>,
+    regions: AtomicU64,
+    round_trip: AtomicU64,
+    reachable: AtomicBool,
+    /// Global counters seen: their limit and when (local time), for the sweeps.
+    known: Mutex<HashMap<super::CounterKey, (Limit, Micros)>>,
+    started: AtomicBool,
+    totals: Totals,
+}
+
+#[derive(Default)]
+struct Totals {
+    calls_ok: AtomicU64,
+    calls_failed: AtomicU64,
+    granted: AtomicU64,
+    returned: AtomicU64,
+    late: AtomicU64,
+    pool: AtomicU64,
+    failure_mode: AtomicU64,
+}
+
+fn micros(d: Duration) -> Micros {
+    d.as_micros().min(u64::MAX as u128) as Micros
+}
+
+impl Regions {
+    /// Global counters through this region's pools in `region` (behind its failure policy),
+    /// granted by `root` (with the root deadline as its call timeout); `clock` times the
+    /// sweeps (local durations).
+    pub fn new(
+        region: Arc<dyn Shared>,
+        root: Arc<dyn Shared>,
+        options: RegionOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let period = micros(options.period).max(10_000);
+        let hold = period
+            + micros(options.lease_period)
+            + period / 4
+            + micros(options.root_deadline)
+            + 500_000;
+        Self {
+            core: Arc::new(Core {
+                region,
+                root,
+                period,
+                hold,
+                clock,
+                regions: AtomicU64::new(1),
+                round_trip: AtomicU64::new(100_000),
+                reachable: AtomicBool::new(true),
+                known: Mutex::default(),
+                started: AtomicBool::new(false),
+                totals: Totals::default(),
+                options,
+            }),
+        }
+    }
+
+    /// What the region's pools and the root look like from this instance.
+    pub fn region_status(&self) -> RegionStatus {
+        let c = &self.core;
+        let t = &c.totals;
+        RegionStatus {
+            region: c.options.region.clone(),
+            root_reachable: c.reachable.load(Ordering::Relaxed),
+            regions: c.regions.load(Ordering::Relaxed),
+            root_calls_ok: t.calls_ok.load(Ordering::Relaxed),
+            root_calls_failed: t.calls_failed.load(Ordering::Relaxed),
+            units_granted: t.granted.load(Ordering::Relaxed),
+            units_returned: t.returned.load(Ordering::Relaxed),
+            units_late: t.late.load(Ordering::Relaxed),
+            pool_decisions: t.pool.load(Ordering::Relaxed),
+            failure_mode_decisions: t.failure_mode.load(Ordering::Relaxed),
+            round_trip: c.round_trip.load(Ordering::Relaxed),
+            pools: c.known.lock().len() as u64,
+        }
+    }
+
+    /// Does what the background sweep does every quarter region lease period, now: idle
+    /// pools' units back to the root. For tests on a manual clock. Returns the units handed
+    /// back.
+    pub async fn sweep_now(&self) -> u64 {
+        self.core.sweep(false).await
+    }
+
+    async fn apply_batch(&self, batch: &Batch) -> Result<Applied, StoreError> {
+        let core = &self.core;
+        let global: Vec<usize> = (0..batch.ops.len())
+            .filter(|&i| batch.ops[i].key.is_global())
+            .collect();
+        if global.is_empty() {
+            return core.region.apply(batch).await;
+        }
+        core.start();
+        let need = |op: &CounterOp| match batch.admission {
+            Admission::Never => 0,
+            _ => op.hits.max(0) as u64,
+        };
+        let takes: Vec<PoolOp> = global
+            .iter()
+            .map(|&i| {
+                let op = &batch.ops[i];
+                let need = need(op);
+                core.take_op(op.key.clone(), &op.limit, (need, need, need), 1)
+            })
+            .collect();
+        let answers = core.region.pool(&takes).await?;
+        core.asks(
+            &global.iter().map(|&i| &batch.ops[i]).collect::<Vec<_>>(),
+            &answers,
+        );
+        let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
+        let mut taken = Vec::new();
+        let mut cut = Vec::new();
+        for ((&i, answer), take) in global.iter().zip(&answers).zip(&takes) {
+            let op = &batch.ops[i];
+            if answer.units > 0 {
+                taken.push((take.key.clone(), answer.units, *answer));
+            }
+            if core.cut_off(answer) && op.hits >= 0 {
+                cut.push(i);
+                continue;
+            }
+            core.totals.pool.fetch_add(1, Ordering::Relaxed);
+            let mut decision = answer.decision(op.limit.window, core.retry(answer));
+            // A look (0 hits, or a request already refused) is allowed while units are free.
+            if need(op) == 0 {
+                decision.allowed = answer.free > 0;
+            }
+            decisions[i] = Some(decision);
+        }
+        for &i in &cut {
+            decisions[i] = core.failure_mode(&batch.ops[i]).await?;
+        }
+        let refused_here = batch
+            .ops
+            .iter()
+            .zip(&decisions)
+            .any(|(op, d)| op.role == Role::Enforce && d.is_some_and(|d| !d.allowed));
+        let rest: Vec<usize> = (0..batch.ops.len())
+            .filter(|&i| decisions[i].is_none())
+            .collect();
+        let mut inner_admitted = true;
+        if !rest.is_empty() {
+            let inner = Batch {
+                ops: rest.iter().map(|&i| batch.ops[i].clone()).collect(),
+                admission: match batch.admission {
+                    Admission::ByRule if refused_here => Admission::Never,
+                    admission => admission,
+                },
+                deadline: batch.deadline,
+                charged_at: batch.charged_at,
+            };
+            let applied = core.region.apply(&inner).await;
+            let applied = match applied {
+                Ok(applied) => applied,
+                Err(e) => {
+                    core.put_back(taken).await;
+                    return Err(e);
+                }
+            };
+            inner_admitted = applied.admitted;
+            for (&i, d) in rest.iter().zip(applied.decisions) {
+                decisions[i] = Some(d);
+            }
+        }
+        let decisions: Vec<Decision> = decisions.into_iter().flatten().collect();
+        let admitted = admitted(&batch.ops, &decisions, batch.admission)
+            && (inner_admitted || batch.admission == Admission::Always);
+        if !admitted {
+            core.put_back(taken).await;
+        }
+        Ok(Applied {
+            admitted,
+            decisions,
+            degraded: !cut.is_empty(),
+            cached: Vec::new(),
+            decided_at: None,
+            calls: Default::default(),
+        })
+    }
+
+    async fn lease_asks(&self, asks: &[LeaseAsk]) -> Result<Vec<Grant>, StoreError> {
+        let core = &self.core;
+        let (global, region): (Vec<usize>, Vec<usize>) =
+            (0..asks.len()).partition(|&i| asks[i].key.is_global());
+        if global.is_empty() {
+            return core.region.lease(asks).await;
+        }
+        core.start();
+        let ops: Vec<PoolOp> = global
+            .iter()
+            .map(|&i| {
+                let ask = &asks[i];
+                match ask.take {
+                    Take::Lease(a) => {
+                        let demand = core.refused_demand(a.want);
+                        let amounts = (a.want, a.need.max(1), demand);
+                        core.take_op(ask.key.clone(), &ask.limit, amounts, a.instances)
+                    }
+                    Take::GiveBack { units, guard } => PoolOp {
+                        key: ask.key.clone(),
+                        kind: PoolKind::Return {
+                            units,
+                            generation: ask.report.epoch,
+                            guard,
+                        },
+                    },
+                }
+            })
+            .collect();
+        let region_asks: Vec<LeaseAsk> = region.iter().map(|&i| asks[i].clone()).collect();
+        let (pooled, leased) = futures_util::future::join(core.region.pool(&ops), async {
+            if region_asks.is_empty() {
+                Ok(Vec::new())
+            } else {
+                core.region.lease(&region_asks).await
+            }
+        })
+        .await;
+        let answers = pooled?;
+        let leased = leased?;
+        let takes: Vec<(usize, &PoolAnswer)> = global
+            .iter()
+            .zip(&answers)
+            .filter(|(i, _)| matches!(asks[**i].take, Take::Lease(_)))
+            .map(|(i, a)| (*i, a))
+            .collect();
+        for (i, answer) in &takes {
+            core.remember(&asks[*i].key, &asks[*i].limit);
+            if answer.ask.is_some() {
+                core.ask_root(asks[*i].key.clone(), asks[*i].limit, **answer);
+            }
+            if core.cut_off(answer) {
+                // The root is away and the pool ended: the rule's failure mode answers, in
+                // the exact path (`apply`).
+                return Err(StoreError::Unavailable(
+                    "the root does not answer and this region's pool has ended".into(),
+                ));
+            }
+        }
+        let grants = global.iter().zip(&answers).map(|(&i, answer)| {
+            let window = asks[i].limit.window;
+            let decision = answer.decision(window, core.retry(answer));
+            let grant = Grant {
+                units: answer.units,
+                decision,
+                now: answer.root_now,
+                epoch: answer.generation,
+            };
+            (i, grant)
+        });
+        let mut out: Vec<Option<Grant>> = vec![None; asks.len()];
+        for (i, grant) in grants {
+            out[i] = Some(grant);
+        }
+        for (&i, grant) in region.iter().zip(leased) {
+            out[i] = Some(grant);
+        }
+        out.into_iter()
+            .map(|g| g.ok_or_else(|| StoreError::Internal("a lease got no answer".into())))
+            .collect()
+    }
+}
+
+impl Core {
+    fn timing(&self, window: Micros) -> Timing {
+        Timing {
+            lead: self.round_trip.load(Ordering::Relaxed) + self.period / 4,
+            period: self.period,
+            ask_ttl: 2 * micros(self.options.root_deadline),
+            window,
+        }
+    }
+
+    /// A take of (`want`, `need`, the demand a refusal stands for) units.
+    fn take_op(
+        &self,
+        key: super::CounterKey,
+        limit: &Limit,
+        (want, need, demand): (u64, u64, u64),
+        instances: u64,
+    ) -> PoolOp {
+        self.remember(&key, limit);
+        PoolOp {
+            key,
+            kind: PoolKind::Take {
+                want,
+                need,
+                instances,
+                demand,
+                timing: self.timing(limit.window),
+            },
+        }
+    }
+
+    /// When a refused take is worth trying again: once the ask in flight has landed (a
+    /// root round trip), else a quarter region lease period.
+    fn retry(&self, answer: &PoolAnswer) -> Micros {
+        if answer.asking || answer.ask.is_some() {
+            self.round_trip
+                .load(Ordering::Relaxed)
+                .clamp(1_000, self.period / 4)
+        } else {
+            self.period / 4
+        }
+    }
+
+    /// The demand a refused block lease stands for: its instance asks again only after its
+    /// block's refusal ends (the retry, at most a quarter lease period), and wants `want`
+    /// per lease period: what it would have used meanwhile.
+    fn refused_demand(&self, want: u64) -> u64 {
+        let lease_period = micros(self.options.lease_period).max(1);
+        let retry = self
+            .round_trip
+            .load(Ordering::Relaxed)
+            .clamp(1_000, self.period / 4)
+            .min(lease_period / 4);
+        (want as u128 * retry as u128 / lease_period as u128) as u64
+    }
+
+    /// Whether the pool answers no more and the root does not either: the failure mode's.
+    fn cut_off(&self, answer: &PoolAnswer) -> bool {
+        answer.units == 0 && answer.free == 0 && answer.root_failed
+    }
+
+    /// The asks to the root that `answers` (to takes of `ops`) made this instance's.
+    fn asks(self: &Arc<Self>, ops: &[&CounterOp], answers: &[PoolAnswer]) {
+        for (op, answer) in ops.iter().zip(answers) {
+            if answer.ask.is_some() {
+                self.ask_root(op.key.clone(), op.limit, *answer);
+            }
+        }
+    }
+
+    /// What a cut-off region answers for `op`: its failure mode's.
+    async fn failure_mode(&self, op: &CounterOp) -> Result<Option<Decision>, StoreError> {
+        self.totals.failure_mode.fetch_add(1, Ordering::Relaxed);
+        let now = self.clock.now();
+        match op.failure_mode {
+            FailureMode::Envoy => Err(StoreError::Unavailable(
+                "the root does not answer; failure_mode envoy leaves the decision to Envoy".into(),
+            )),
+            FailureMode::Allow | FailureMode::Deny => {
+                Ok(Some(super::resilient::fixed_answer(op, now)))
+            }
+            FailureMode::Local => {
+                let share = if self.options.partition_share > 0.0 {
+                    self.options.partition_share
+                } else {
+                    1.0 / self.regions.load(Ordering::Relaxed).max(1) as f64
+                };
+                let scaled = |n: u64| (n as f64 * share).floor() as u64;
+                let local = CounterOp {
+                    limit: Limit {
+                        requests: scaled(op.limit.requests),
+                        burst: scaled(op.limit.burst),
+                        ..op.limit
+                    },
+                    ..op.clone()
+                };
+                let batch = Batch {
+                    ops: vec![local],
+                    admission: Admission::ByRule,
+                    deadline: None,
+                    charged_at: None,
+                };
+                let applied = self.region.apply(&batch).await?;
+                Ok(applied.decisions.first().copied())
+            }
+        }
+    }
+
+    /// Units a refused request took from pools, back to them.
+    async fn put_back(&self, taken: Vec<(super::CounterKey, u64, PoolAnswer)>) {
+        if taken.is_empty() {
+            return;
+        }
+        let ops: Vec<PoolOp> = taken
+            .into_iter()
+            .map(|(key, units, answer)| PoolOp {
+                key,
+                kind: PoolKind::Return {
+                    units,
+                    generation: answer.generation,
+                    guard: answer.guard,
+                },
+            })
+            .collect();
+        // Not given back: under, never over.
+        let _ = self.region.pool(&ops).await;
+    }
+
+    fn remember(&self, key: &super::CounterKey, limit: &Limit) {
+        let now = self.clock.now();
+        let mut known = self.known.lock();
+        if known.len() >= MAX_KNOWN && !known.contains_key(key) {
+            let horizon = now.saturating_sub(super::pool::KEEP);
+            known.retain(|_, (_, seen)| *seen > horizon);
+            if known.len() >= MAX_KNOWN {
+                return;
+            }
+        }
+        known.insert(key.clone(), (*limit, now));
+    }
+}
+
+impl Store for Regions {
+    fn apply<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<Applied, StoreError>> {
+        Box::pin(self.apply_batch(batch))
+    }
+
+    fn status(&self) -> StoreStatus {
+        self.core.region.status()
+    }
+
+    /// A global counter is reset at the root (its pools keep what they hold until they
+    /// end); the rest in the region's store.
+    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (global, region): (Vec<CounterOp>, Vec<CounterOp>) =
+                ops.iter().cloned().partition(|op| op.key.is_global());
+            let mut cleared = 0;
+            if !global.is_empty() {
+                cleared += self.core.root.reset(&global).await?;
+            }
+            if !region.is_empty() {
+                cleared += self.core.region.reset(&region).await?;
+            }
+            Ok(cleared)
+        })
+    }
+
+    fn store_key(&self, op: &CounterOp) -> String {
+        if op.key.is_global() {
+            return self.core.root.store_key(op);
+        }
+        self.core.region.store_key(op)
+    }
+
+    /// Idle pools' units back to the root, then the region's store and the root shut down.
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.core.sweep(false).await;
+            self.core.region.shut_down().await;
+            self.core.root.shut_down().await;
+        })
+    }
+}
+
+impl Shared for Regions {
+    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
+        Box::pin(self.lease_asks(asks))
+    }
+
+    fn pool<'a>(&'a self, ops: &'a [PoolOp]) -> BoxFuture<'a, Result<Vec<PoolAnswer>, StoreError>> {
+        self.core.region.pool(ops)
+    }
+
+    fn instances<'a>(
+        &'a self,
+        instance: &'a str,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.core.region.instances(instance, within)
+    }
+
+    fn claim<'a>(
+        &'a self,
+        asks: &'a [ClaimAsk],
+    ) -> BoxFuture<'a, Result<Vec<ClaimGrant>, StoreError>> {
+        self.core.region.claim(asks)
+    }
+
+    fn add_refused<'a>(
+        &'a self,
+        adds: &'a [RefusedAdd],
+    ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>> {
+        self.core.region.add_refused(adds)
+    }
+
+    fn close_refused<'a>(
+        &'a self,
+        closes: &'a [RefusedClose],
+    ) -> BoxFuture<'a, Result<Vec<RefusedCounts>, StoreError>> {
+        self.core.region.close_refused(closes)
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.core.region.probe()
+    }
+
+    fn warm_up(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.core.region.warm_up().await;
+            self.core.root.warm_up().await;
+        })
+    }
+}

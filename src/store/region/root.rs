@@ -1,0 +1,240 @@
+//! The region's calls to the root: asks for a pool (top-ups), in the background, and
+//! hand-backs of idle pools, every quarter region lease period.
+
+use std::sync::Arc;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::Core;
+use crate::algorithm::{Ask, Limit, Micros};
+use crate::store::pool::{Install, PoolAnswer, PoolKind, PoolOp, RootAsk};
+use crate::store::{CounterKey, Grant, LeaseAsk, Report, StoreError, Take};
+
+/// Pools withdrawn per call.
+const PER_CALL: usize = 512;
+
+impl Core {
+    /// Starts the sweeper, once.
+    pub(super) fn start(self: &Arc<Self>) {
+        if self.started.load(Ordering::Relaxed) || self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweeper(Arc::downgrade(self)));
+        }
+    }
+
+    /// Asks the root for the pool `answer` (a take's) made this instance ask for, in the
+    /// background; installs what comes back. Outside a runtime (never in the service), it
+    /// does nothing: the pool's marker lapses and another take asks.
+    pub(super) fn ask_root(self: &Arc<Self>, key: CounterKey, limit: Limit, answer: PoolAnswer) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let core = self.clone();
+        runtime.spawn(async move { core.top_up(key, limit, answer).await });
+    }
+
+    async fn top_up(&self, key: CounterKey, limit: Limit, answer: PoolAnswer) {
+        let Some(ask) = answer.ask else { return };
+        let lease = LeaseAsk {
+            key: key.clone(),
+            limit,
+            take: Take::Lease(Ask {
+                want: ask.units.max(1),
+                need: 1,
+                instances: self.regions.load(Ordering::Relaxed),
+            }),
+            report: self.report(&ask),
+        };
+        let started = self.clock.now();
+        let within = 3 * self.options.period;
+        let (regions, grants) = futures_util::future::join(
+            self.root_call(self.root.instances(&self.options.region, within)),
+            self.root_call(self.root.lease(std::slice::from_ref(&lease))),
+        )
+        .await;
+        let elapsed = self.clock.now().saturating_sub(started);
+        if let Ok(n) = regions {
+            self.regions.store(n.max(1), Ordering::Relaxed);
+        }
+        let retry = |after: Micros| answer.now + elapsed + after.min(self.period / 4);
+        let install = match grants.map(|g| g.first().copied()) {
+            Ok(Some(grant)) => {
+                self.round_trip.store(elapsed, Ordering::Relaxed);
+                self.totals
+                    .granted
+                    .fetch_add(grant.units, Ordering::Relaxed);
+                installed(&grant, &limit, &answer, &ask, self.period, retry)
+            }
+            _ => Install {
+                failed: true,
+                retry_at: retry(self.period / 4),
+                ..Install::default()
+            },
+        };
+        let op = PoolOp {
+            key: key.clone(),
+            kind: PoolKind::Install(install),
+        };
+        let Ok(installed) = self.region.pool(std::slice::from_ref(&op)).await else {
+            // The region's store failed: the units are lost to it until the window ends
+            // (under, never over); the marker lapses.
+            return;
+        };
+        if let Some(late) = installed.first().and_then(|a| a.ask) {
+            // The grant came after its pool would have ended: straight back.
+            self.totals.late.fetch_add(late.units, Ordering::Relaxed);
+            self.hand_back(&[(key, limit, late)]).await;
+        }
+    }
+
+    /// The learning rule's report with an ask: what the pool gave out since its last one.
+    fn report(&self, ask: &RootAsk) -> Report {
+        Report {
+            epoch: ask.epoch,
+            admitted: ask.admitted,
+            hold: self.hold,
+        }
+    }
+
+    /// A call to the root within its deadline; the root's reachability follows the answer.
+    async fn root_call<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = match tokio::time::timeout(self.options.root_deadline, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the root did not answer within {:?}",
+                self.options.root_deadline
+            ))),
+        };
+        let ok = result.is_ok();
+        let counter = if ok {
+            &self.totals.calls_ok
+        } else {
+            &self.totals.calls_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if self.reachable.swap(ok, Ordering::Relaxed) != ok {
+            match &result {
+                Ok(_) => tracing::info!(region = %self.options.region, "the root answers again"),
+                Err(error) => {
+                    tracing::warn!(region = %self.options.region, %error, "the root does not answer: global rules answer from the pools, then by their failure_mode")
+                }
+            }
+        }
+        result
+    }
+
+    /// Hands `units` back to the root, each guarded by its root window, with its report.
+    async fn hand_back(&self, backs: &[(CounterKey, Limit, RootAsk)]) -> u64 {
+        let asks: Vec<LeaseAsk> = backs
+            .iter()
+            .map(|(key, limit, back)| LeaseAsk {
+                key: key.clone(),
+                limit: *limit,
+                take: Take::GiveBack {
+                    units: back.units,
+                    guard: back.guard,
+                },
+                report: self.report(back),
+            })
+            .collect();
+        let Ok(grants) = self.root_call(self.root.lease(&asks)).await else {
+            // Lost until their window ends: under, never over.
+            return 0;
+        };
+        let units = grants.iter().map(|g| g.units).sum();
+        self.totals.returned.fetch_add(units, Ordering::Relaxed);
+        units
+    }
+
+    /// Withdraws the free units of the pools this instance knows that nobody took from for
+    /// a lease period and a quarter region lease period (`all`: whatever their idleness)
+    /// and hands them back to the root. Returns the units handed back.
+    pub(super) async fn sweep(&self, all: bool) -> u64 {
+        let now = self.clock.now();
+        let horizon = now.saturating_sub(crate::store::pool::KEEP);
+        let known: Vec<(CounterKey, Limit)> = {
+            let mut known = self.known.lock();
+            known.retain(|_, (_, seen)| *seen > horizon);
+            known.iter().map(|(k, (l, _))| (k.clone(), *l)).collect()
+        };
+        // Idle: no instance took units for a lease period (one holding a block comes back
+        // within it) and a quarter region lease period.
+        let idle = if all {
+            0
+        } else {
+            super::micros(self.options.lease_period) + self.period / 4
+        };
+        let mut returned = 0;
+        for chunk in known.chunks(PER_CALL) {
+            let ops: Vec<PoolOp> = chunk
+                .iter()
+                .map(|(key, _)| PoolOp {
+                    key: key.clone(),
+                    kind: PoolKind::Withdraw { idle },
+                })
+                .collect();
+            let Ok(answers) = self.region.pool(&ops).await else {
+                return returned;
+            };
+            let backs: Vec<(CounterKey, Limit, RootAsk)> = chunk
+                .iter()
+                .zip(answers)
+                .filter_map(|((key, limit), a)| a.ask.map(|ask| (key.clone(), *limit, ask)))
+                .collect();
+            if !backs.is_empty() {
+                returned += self.hand_back(&backs).await;
+            }
+        }
+        returned
+    }
+}
+
+/// The pool install of the root's `grant` for the ask `answer` made: valid from the ask,
+/// for a region lease period at most and never past the root's window.
+fn installed(
+    grant: &Grant,
+    limit: &Limit,
+    answer: &PoolAnswer,
+    ask: &RootAsk,
+    period: Micros,
+    retry: impl Fn(Micros) -> Micros,
+) -> Install {
+    let window = limit.window.max(1);
+    Install {
+        units: grant.units,
+        guard: grant.now - grant.now % window,
+        epoch: grant.epoch,
+        asked_at: answer.now,
+        offset: grant.now as i64 - answer.now as i64,
+        left: period.min(grant.decision.reset_after),
+        reported: ask.used,
+        retry_at: retry(
+            grant
+                .decision
+                .retry_after
+                .unwrap_or(grant.decision.reset_after),
+        ),
+        failed: false,
+    }
+}
+
+/// Sweeps every quarter region lease period; stops when the layer is dropped.
+async fn sweeper(core: Weak<Core>) {
+    let Some(period) = core.upgrade().map(|c| c.options.period) else {
+        return;
+    };
+    let every = (period / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(core) = core.upgrade() else { return };
+        core.sweep(false).await;
+    }
+}
