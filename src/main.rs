@@ -87,7 +87,10 @@ async fn run() -> ExitCode {
                 merge_domains: merge_domain_config,
             };
             match config::load_dir_within(&dir, options, sluice::source::LOAD_DEADLINE) {
-                Ok(_) => {
+                Ok(loaded) => {
+                    for warning in loaded.policy.warnings() {
+                        eprintln!("warning: {warning}");
+                    }
                     let _ = writeln!(std::io::stdout(), "all rate limit configs ok");
                     ExitCode::SUCCESS
                 }

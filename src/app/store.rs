@@ -7,7 +7,8 @@ use crate::clock::{Clock, MonotonicClock, SystemClock};
 use crate::settings::{Backend, Settings};
 use crate::store::redis::RedisOptions;
 use crate::store::{
-    Leased, MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Resilient, Shared, Store,
+    Leased, MemoryStore, OverLimitCache, PerSecondSplit, RedisStore, Regions, Resilient, Shared,
+    Store,
 };
 
 /// The store stack, and the shared store at its bottom (what the lease layer wraps), whose
@@ -76,9 +77,28 @@ pub(super) fn build_store(settings: &Settings, time: &Time) -> Result<Stores, Ap
         .transpose()?;
     // split: the counters with one-second windows on their own Redis (REDIS_PERSECOND).
     let shared = split(main.clone(), per_second.clone());
+    // regions: global rules (`scope: global`) through this region's pools, granted by the
+    // root (ROOT_REDIS_URL); the rest passes through.
+    let leasing = match &settings.root {
+        None => shared.clone(),
+        Some((root, region)) => {
+            let mut root_store = RedisStore::new(root).map_err(AppError::Serve)?;
+            if let Time::Pinned(clock) = time {
+                root_store = root_store.with_clock(clock.clone());
+            }
+            tracing::info!(region = %region.region, kind = ?root.kind, "global rules lease from the root redis (ROOT_REDIS_URL)");
+            let regions: Arc<dyn Shared> = Arc::new(Regions::new(
+                shared.clone(),
+                Arc::new(root_store),
+                region.clone(),
+                time.durations(),
+            ));
+            regions
+        }
+    };
     // lease: blocks of units for `consistency: leased` rules; other requests pass through.
     let store = Arc::new(Leased::new(
-        shared.clone(),
+        leasing,
         settings.lease.clone(),
         time.durations(),
     ));

@@ -76,6 +76,7 @@ fn descriptors(
                 metadata: d.metadata.as_ref().map(|s| struct_value(s, 0)),
                 failure_mode: None,
                 consistency: None,
+                scope: None,
                 priorities: None,
                 ladder: None,
             })

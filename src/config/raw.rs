@@ -72,6 +72,10 @@ pub struct RawDescriptor {
     /// `exact` or `leased`, for this rule and the rules nested below (Sluice extension).
     #[serde(default)]
     pub consistency: Option<String>,
+    /// `region` (the default) or `global`: one budget for every region, for this rule
+    /// (Sluice extension).
+    #[serde(default)]
+    pub scope: Option<String>,
     /// Priority load shedding: the share of the limit each value (class) may fill, on one
     /// counter shared by all classes (Sluice extension).
     #[serde(default)]
@@ -150,6 +154,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "metadata",
     "failure_mode",
     "consistency",
+    "scope",
     "priorities",
     "ladder",
 ];

@@ -437,8 +437,11 @@ impl Limiter {
             .min(i64::MAX as u64) as i64;
         // Concurrency releases must reach the shared count, and a usage budget's every
         // charge: never leased (a block taken from a budget is overdrawn by the next report).
+        let global = rule.is_some_and(|r| r.global);
         let consistency = if !algorithm_limit.algorithm.leasable() || algorithm_limit.overdraft {
             Consistency::Exact
+        } else if global {
+            Consistency::Leased
         } else {
             rule.and_then(|r| r.consistency)
                 .or(domain_consistency)
@@ -453,7 +456,9 @@ impl Limiter {
             && limit.unit_multiplier == 1
             && !prioritized;
         CounterOp {
-            key: if reference {
+            key: if global {
+                CounterKey::new(domain, entries, &algorithm_limit).global()
+            } else if reference {
                 CounterKey::reference(domain, entries)
             } else {
                 CounterKey::new(domain, entries, &algorithm_limit)

@@ -93,6 +93,9 @@ pub struct Rule {
     /// `exact` or `leased`: the rule's own (or an enclosing descriptor's) `consistency`, else
     /// the domain's; `None` for the process default. Concurrency limits are always exact.
     pub consistency: Option<Consistency>,
+    /// `scope: global`: one budget for every region, leased through each region's pool
+    /// from a root counter (always leased).
+    pub global: bool,
     /// Priority load shedding: one counter for every value of the last entry, which names
     /// the priority class.
     pub priorities: Option<Priorities>,
@@ -274,6 +277,29 @@ impl Policy {
         rules
     }
 
+    /// What a valid policy may still do that its operator should know (`sluice validate`
+    /// prints them): a global rule that fails open in a region cut off from the root.
+    pub fn warnings(&self) -> Vec<String> {
+        self.rules_by_domain()
+            .into_iter()
+            .filter(|(_, rule)| rule.global)
+            .filter_map(|(domain, rule)| {
+                let file_mode = self.domains.get(domain).and_then(|d| d.failure_mode);
+                match rule.failure_mode.or(file_mode) {
+                    Some(FailureMode::Allow) => Some(format!(
+                        "{}: scope: global with failure_mode: allow admits without bound in a region cut off from the root once its pool ends; deny never over-admits, local admits the region's share",
+                        rule.stats_key
+                    )),
+                    None => Some(format!(
+                        "{}: scope: global without a failure_mode takes the service's (FAILURE_MODE, allow by default), which admits without bound in a region cut off from the root once its pool ends; say deny or local",
+                        rule.stats_key
+                    )),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
     /// The sorted, human-readable rule listing served at `/rlconfig`, one rule per line in
     /// the reference service's layout.
     pub fn dump(&self) -> String {
@@ -325,6 +351,9 @@ impl Policy {
                     && limit.algorithm.leasable()
                 {
                     let _ = write!(out, ", consistency: {}", consistency.as_str());
+                }
+                if rule.global {
+                    let _ = write!(out, ", scope: global");
                 }
                 out.push('\n');
             }

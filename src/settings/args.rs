@@ -91,6 +91,13 @@ impl ServeArgs {
             backend: stores.backend,
             redis: stores.redis,
             redis_per_second: stores.redis_per_second,
+            root: stores.root.map(|(redis, region)| {
+                let region = crate::store::RegionOptions {
+                    lease_period: self.lease.options().period,
+                    ..region
+                };
+                (redis, region)
+            }),
             resilience: self.failure.resilience(),
             local_cache_keys: stores.local_cache_keys,
             limiter: LimiterOptions {

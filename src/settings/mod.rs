@@ -73,6 +73,8 @@ pub struct Settings {
     /// The Redis of the counters with one-second windows (`REDIS_PERSECOND`), when they have
     /// their own; TLS files and the key prefix are the main Redis's.
     pub redis_per_second: Option<RedisOptions>,
+    /// The root Redis of global rules and this region's settings (ROOT_REDIS_URL, REGION).
+    pub root: Option<(RedisOptions, crate::store::RegionOptions)>,
     /// Deadline, circuit breaker and `local` failure mode of a shared store.
     pub resilience: ResilienceOptions,
     /// Entries of the local over-limit cache (0: off).
@@ -205,6 +207,7 @@ impl Settings {
             backend: Backend::Memory,
             redis: None,
             redis_per_second: None,
+            root: None,
             resilience: ResilienceOptions::default(),
             local_cache_keys: 0,
             lease: Default::default(),

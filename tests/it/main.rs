@@ -45,6 +45,7 @@ mod redis_migration;
 mod redis_overload;
 mod redis_per_second;
 mod redis_pool;
+mod redis_regions;
 mod redis_tls;
 mod reference_config;
 mod reference_health;

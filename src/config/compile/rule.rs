@@ -51,6 +51,7 @@ impl Cx<'_> {
         let priorities = self.priorities(descriptor, path, unlimited);
         let ladder = self.ladder(descriptor, path);
         self.check_leased(descriptor, path, &limits);
+        let global = self.scope(descriptor, path, &limits);
         (self.errors.len() == errors_before).then(|| Rule {
             stats_key: stats_key.to_owned(),
             limit: if unlimited {
@@ -67,7 +68,12 @@ impl Cx<'_> {
             value_to_metric: self.levels.iter().any(|l| l.value_to_metric),
             shared: self.shared.clone(),
             failure_mode: self.failure_mode,
-            consistency: self.consistency,
+            consistency: if global {
+                Some(crate::store::Consistency::Leased)
+            } else {
+                self.consistency
+            },
+            global,
             priorities,
             metadata: match descriptor.metadata.as_ref().map(MetaValue::from_yaml) {
                 Some(MetaValue::Map(map)) if !map.is_empty() => Some(map),
@@ -192,6 +198,49 @@ impl Cx<'_> {
                 "consistency: leased is not available with overdraft (every usage report must reach the shared count); use exact",
             );
         }
+    }
+
+    /// A descriptor's `scope`: whether its rule is global. A global rule is leased (an
+    /// explicit `consistency: exact` is an error: across regions that would be a round trip
+    /// per request), on fixed windows for now, and never a concurrency limit or a usage
+    /// budget.
+    fn scope(&mut self, descriptor: &RawDescriptor, path: &str, limits: &[RateLimit]) -> bool {
+        let Some(value) = descriptor.scope.as_deref() else {
+            return false;
+        };
+        let path = format!("{path}.scope");
+        if value.eq_ignore_ascii_case("region") {
+            return false;
+        }
+        if !value.eq_ignore_ascii_case("global") {
+            self.error(
+                &path,
+                format!("invalid scope '{value}' (expected region or global)"),
+            );
+            return false;
+        }
+        if self.consistency == Some(crate::store::Consistency::Exact) {
+            self.error(
+                &path,
+                "scope: global needs consistency: leased (one budget across regions without a round trip to the root per request); this rule is exact",
+            );
+        }
+        for limit in limits {
+            let problem = if !limit.algorithm.leasable() {
+                "algorithm concurrency (its releases must reach one count)"
+            } else if limit.overdraft {
+                "overdraft (every usage report must reach one count)"
+            } else if limit.algorithm != Algorithm::FixedWindow {
+                "sliding_window or token_bucket yet (fixed_window only, for now)"
+            } else {
+                continue;
+            };
+            self.error(
+                &path,
+                format!("scope: global is not available with {problem}"),
+            );
+        }
+        true
     }
 
     /// An `unlimited: true` limit takes nothing else, and only as the one `rate_limit:`.

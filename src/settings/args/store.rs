@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::super::parse::{parse_count, parse_duration};
+use super::super::parse::{parse_count, parse_duration, parse_positive_duration, parse_ratio};
 use super::named;
 use crate::settings::{Backend, SettingsError};
+use crate::store::RegionOptions;
 use crate::store::memory::MemoryOptions;
 use crate::store::redis::{RedisKind, RedisOptions};
 
@@ -29,6 +30,9 @@ pub struct StoreArgs {
 
     #[command(flatten)]
     per_second: PerSecondArgs,
+
+    #[command(flatten)]
+    root: RootArgs,
 
     /// Prefix of every Redis key
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
@@ -190,6 +194,56 @@ struct PerSecondArgs {
     redis_persecond_connect_timeout: Duration,
 }
 
+/// The root of global counters (`scope: global`): a Redis in the home region that every
+/// region's instances lease from through their region's pools.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Regions")]
+struct RootArgs {
+    /// This region's name, under which the root counts it among the regions sharing global
+    /// rules (`scope: global`); needs ROOT_REDIS_URL
+    #[arg(long, env = "REGION")]
+    region: Option<String>,
+
+    /// Address of the root Redis holding global rules' counters, in REDIS_URL's forms
+    /// (rediss:// for TLS, with the REDIS_TLS_* files); unset: global rules count in this
+    /// region's store alone
+    #[arg(long, env = "ROOT_REDIS_URL")]
+    root_redis_url: Option<String>,
+
+    /// Deployment of the root Redis (single is best: grants are rare)
+    #[arg(
+        long,
+        env = "ROOT_REDIS_TYPE",
+        value_enum,
+        ignore_case = true,
+        default_value = "single"
+    )]
+    root_redis_type: RedisKind,
+
+    /// Password (or user:password) of the root Redis
+    #[arg(long, env = "ROOT_REDIS_AUTH", hide_env_values = true)]
+    root_redis_auth: Option<String>,
+
+    /// Use TLS for a root address given without a scheme (certificates: REDIS_TLS_*)
+    #[arg(long, env = "ROOT_REDIS_TLS")]
+    root_redis_tls: bool,
+
+    /// Longest wait for a root call (asks and hand-backs, never a request's): past it the
+    /// root counts as away
+    #[arg(long, env = "ROOT_DEADLINE", default_value = "1s", value_parser = parse_positive_duration)]
+    root_deadline: Duration,
+
+    /// How long a region's pool lives after the root granted it units; asks want what the
+    /// region uses in this time. At least ten root round trips
+    #[arg(long, env = "REGION_LEASE_PERIOD", default_value = "2s", value_parser = parse_positive_duration)]
+    region_lease_period: Duration,
+
+    /// What failure_mode local admits per window in a region cut off from the root, as a
+    /// share of the limit [default: one over the number of regions]
+    #[arg(long, env = "PARTITION_SHARE", value_parser = parse_ratio)]
+    partition_share: Option<f64>,
+}
+
 /// The resolved store settings.
 pub(super) struct Stores {
     pub backend: Backend,
@@ -199,6 +253,9 @@ pub(super) struct Stores {
     pub local_cache_keys: usize,
     /// Whether fixed-window counters take the reference's Redis keys.
     pub reference_keys: bool,
+    /// The root Redis and this region's settings, with ROOT_REDIS_URL (the lease period
+    /// filled in later).
+    pub root: Option<(RedisOptions, RegionOptions)>,
 }
 
 /// What distinguishes one Redis connection from the other, and the setting that names it.
@@ -256,7 +313,9 @@ impl StoreArgs {
             }
             (Some(_), true) => Some(connect(self.per_second.connection(), &base)?),
         };
+        let root = self.root.resolve(redis.is_some(), &base)?;
         Ok(Stores {
+            root,
             reference_keys: backend == Backend::Redis
                 && self.redis_key_format == KeyFormat::Reference,
             backend,
@@ -289,6 +348,67 @@ impl RedisArgs {
             connections: self.redis_pool_size,
             connect_timeout: self.redis_connect_timeout,
         }
+    }
+}
+
+impl RootArgs {
+    /// The root's connection (its calls time out at ROOT_DEADLINE) and the region's
+    /// settings; `regional`: whether this instance counts in a Redis of its own (the pools
+    /// live there).
+    fn resolve(
+        self,
+        regional: bool,
+        base: &RedisOptions,
+    ) -> Result<Option<(RedisOptions, RegionOptions)>, SettingsError> {
+        let region = self.region.clone().filter(|r| !r.trim().is_empty());
+        if self.root_redis_url.is_none() {
+            if region.is_some() {
+                let message = format!(
+                    "names this region for a root, but {} is not set: global rules would count in this region alone",
+                    super::env_name("root_redis_url")
+                );
+                return Err(named(&["region"], message));
+            }
+            return Ok(None);
+        }
+        let Some(region) = region else {
+            let message = format!(
+                "needs {}: the root counts regions by name",
+                super::env_name("region")
+            );
+            return Err(named(&["root_redis_url"], message));
+        };
+        if !regional {
+            let message = format!(
+                "needs the redis backend ({}) for this region's pools",
+                super::env_name("redis_url")
+            );
+            return Err(named(&["root_redis_url"], message));
+        }
+        let connection = Connection {
+            url_id: "root_redis_url",
+            needed_by: super::env_name("root_redis_url"),
+            url: self.root_redis_url,
+            kind: self.root_redis_type,
+            auth: self.root_redis_auth,
+            sentinel_auth: None,
+            tls: self.root_redis_tls,
+            connections: NonZeroUsize::MIN,
+            connect_timeout: self.root_deadline,
+        };
+        let base = RedisOptions {
+            call_timeout: self.root_deadline,
+            wait_replicas: 0,
+            ..base.clone()
+        };
+        let options = RegionOptions {
+            region,
+            period: self.region_lease_period,
+            root_deadline: self.root_deadline,
+            partition_share: self.partition_share.unwrap_or(0.0),
+            ..RegionOptions::default()
+        };
+        Ok(Some((connect(connection, &base)?, options)))
     }
 }
 
