@@ -71,6 +71,14 @@ pub(crate) fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     register(registry, IntGauge::new(name, help).expect("valid metric"))
 }
 
+/// Registers a new gauge of floating-point values into `registry`.
+pub(crate) fn gauge_f64(registry: &Registry, name: &str, help: &str) -> prometheus::Gauge {
+    register(
+        registry,
+        prometheus::Gauge::new(name, help).expect("valid metric"),
+    )
+}
+
 /// Registers a new histogram into `registry`.
 pub(crate) fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
     let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());

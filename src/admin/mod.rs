@@ -215,6 +215,26 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
     if let Some(leases) = &store.leases {
         write_leases(&mut out, leases);
     }
+    if let Some(region) = &store.region {
+        let _ = writeln!(
+            out,
+            "# root: region {} of {}, the root {} (last round trip {} ms); {} units granted, {} handed back, {} late; {} calls, {} failed; {} global counters",
+            region.region,
+            region.regions,
+            if region.root_reachable {
+                "answers"
+            } else {
+                "does not answer"
+            },
+            region.round_trip.div_ceil(1000),
+            region.units_granted,
+            region.units_returned,
+            region.units_late,
+            region.root_calls_ok + region.root_calls_failed,
+            region.root_calls_failed,
+            region.pools
+        );
+    }
     if let Some(quotas) = &state.rlqs {
         for line in quotas.dump().lines() {
             let _ = writeln!(out, "# {line}");

@@ -192,6 +192,39 @@ fn redis_persecond_takes_its_own_redis_and_names_what_is_missing() {
 }
 
 #[test]
+fn a_region_names_its_root_and_the_root_its_region() {
+    let s = settings(&[
+        "--redis-url",
+        "127.0.0.1:6379",
+        "--region",
+        "eu-west",
+        "--root-redis-url",
+        "rediss://root.example:6380",
+        "--root-deadline",
+        "300ms",
+    ])
+    .unwrap();
+    let (root, region) = s.root.unwrap();
+    assert_eq!(root.url, "rediss://root.example:6380");
+    assert_eq!(root.call_timeout, Duration::from_millis(300));
+    assert_eq!(region.region, "eu-west");
+    assert_eq!(region.period, Duration::from_secs(2));
+    assert_eq!(region.lease_period, s.lease.period);
+
+    let no_region = settings(&["--redis-url", "127.0.0.1:6379", "--root-redis-url", "r:1"]);
+    let error = no_region.unwrap_err();
+    assert!(
+        error.contains("ROOT_REDIS_URL") && error.contains("REGION"),
+        "{error}"
+    );
+    let no_root = settings(&["--redis-url", "127.0.0.1:6379", "--region", "eu-west"]);
+    assert!(no_root.unwrap_err().contains("ROOT_REDIS_URL"));
+    let no_region_store = settings(&["--region", "eu", "--root-redis-url", "r:1"]);
+    assert!(no_region_store.unwrap_err().contains("REDIS_URL"));
+    assert!(settings(&["--partition-share", "1.5"]).is_err());
+}
+
+#[test]
 fn every_boolean_is_a_switch_of_one_shape() {
     let s = settings(&[]).unwrap();
     assert!(s.response.retry_after, "on by default");

@@ -453,6 +453,7 @@ impl Store for MemoryStore {
             detail: None,
             failure_mode_answers: Default::default(),
             leases: None,
+            region: None,
             evicts_counters: None,
         }
     }

@@ -20,7 +20,21 @@ pub struct StoreMetrics {
     failure_mode_seen: Mutex<FailureModeAnswers>,
     memory: MemoryGauges,
     leases: LeaseMetrics,
+    region: RegionMetrics,
     evicts: IntGauge,
+}
+
+/// Global rules in a region: the root and the units that moved through this instance.
+struct RegionMetrics {
+    reachable: IntGauge,
+    regions: IntGauge,
+    round_trip: prometheus::Gauge,
+    calls: IntCounterVec,
+    units: IntCounterVec,
+    decisions: IntCounterVec,
+    /// The totals already counted: calls ok, failed; units granted, returned, late;
+    /// decisions by pool, by failure mode.
+    seen: Mutex<[u64; 7]>,
 }
 
 /// Leased quota: the blocks in hand and the calls and units that moved.
@@ -73,6 +87,7 @@ impl StoreMetrics {
             failure_mode_seen: Mutex::default(),
             memory: MemoryGauges::register(registry),
             leases: LeaseMetrics::register(registry),
+            region: RegionMetrics::register(registry),
             evicts: gauge(
                 registry,
                 "sluice_store_evicts_counters",
@@ -97,6 +112,9 @@ impl StoreMetrics {
         self.memory.observe(store);
         if let Some(leases) = &store.leases {
             self.leases.observe(leases);
+        }
+        if let Some(region) = &store.region {
+            self.region.observe(region);
         }
         let mut seen = self.failure_mode_seen.lock();
         for mode in FailureMode::ALL {
@@ -218,6 +236,76 @@ impl LeaseMetrics {
             .inc_by(delta(5));
         self.decisions
             .with_label_values(&["exact"])
+            .inc_by(delta(6));
+        for (s, n) in seen.iter_mut().zip(now) {
+            *s = n.max(*s);
+        }
+    }
+}
+
+impl RegionMetrics {
+    fn register(registry: &Registry) -> Self {
+        Self {
+            reachable: gauge(
+                registry,
+                "sluice_root_reachable",
+                "1 while the root of global rules answered this instance's last call, 0 after a failed one (with ROOT_REDIS_URL)",
+            ),
+            regions: gauge(
+                registry,
+                "sluice_regions",
+                "Regions the root counted at this instance's last ask (global rules share the root among them)",
+            ),
+            round_trip: crate::metrics::gauge_f64(
+                registry,
+                "sluice_root_round_trip_seconds",
+                "How long this instance's last answered ask to the root took",
+            ),
+            calls: counter_vec(
+                registry,
+                "sluice_root_calls_total",
+                "Calls to the root of global rules (asks, hand-backs, counts of regions), by result",
+                &["result"],
+            ),
+            units: counter_vec(
+                registry,
+                "sluice_region_units_total",
+                "Units of global rules the root granted to this instance's asks (granted), handed back to it (returned), and granted after their pool would have ended (late: handed back)",
+                &["direction"],
+            ),
+            decisions: counter_vec(
+                registry,
+                "sluice_global_decisions_total",
+                "Global counters this instance decided from the region's pool (pool), or by their failure_mode with the root away and the pool ended (failure_mode); decisions from blocks count in sluice_lease_decisions_total",
+                &["by"],
+            ),
+            seen: Mutex::default(),
+        }
+    }
+
+    fn observe(&self, region: &super::region::RegionStatus) {
+        self.reachable.set(i64::from(region.root_reachable));
+        self.regions.set(region.regions as i64);
+        self.round_trip.set(region.round_trip as f64 / 1e6);
+        let now = [
+            region.root_calls_ok,
+            region.root_calls_failed,
+            region.units_granted,
+            region.units_returned,
+            region.units_late,
+            region.pool_decisions,
+            region.failure_mode_decisions,
+        ];
+        let mut seen = self.seen.lock();
+        let delta = |i: usize| now[i].saturating_sub(seen[i]);
+        self.calls.with_label_values(&["ok"]).inc_by(delta(0));
+        self.calls.with_label_values(&["failed"]).inc_by(delta(1));
+        for (i, direction) in [(2, "granted"), (3, "returned"), (4, "late")] {
+            self.units.with_label_values(&[direction]).inc_by(delta(i));
+        }
+        self.decisions.with_label_values(&["pool"]).inc_by(delta(5));
+        self.decisions
+            .with_label_values(&["failure_mode"])
             .inc_by(delta(6));
         for (s, n) in seen.iter_mut().zip(now) {
             *s = n.max(*s);

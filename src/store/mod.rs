@@ -178,6 +178,8 @@ pub struct StoreStatus {
     pub failure_mode_answers: FailureModeAnswers,
     /// Leased quota, where the store leases.
     pub leases: Option<lease::LeaseStatus>,
+    /// Global rules' pools and the root, in a region under a root (ROOT_REDIS_URL).
+    pub region: Option<region::RegionStatus>,
     /// Whether the store can evict live counters of its own accord (Redis with a `maxmemory`
     /// and a policy other than `noeviction`); `None` when unknown or not applicable.
     pub evicts_counters: Option<bool>,

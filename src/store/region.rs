@@ -531,7 +531,10 @@ impl Store for Regions {
     }
 
     fn status(&self) -> StoreStatus {
-        self.core.region.status()
+        StoreStatus {
+            region: Some(self.region_status()),
+            ..self.core.region.status()
+        }
     }
 
     /// A global counter is reset at the root (its pools keep what they hold until they

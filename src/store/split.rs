@@ -185,6 +185,7 @@ impl Store for PerSecondSplit {
             )),
             failure_mode_answers: answers,
             leases: None,
+            region: None,
             evicts_counters: match (main.evicts_counters, fast.evicts_counters) {
                 (Some(a), Some(b)) => Some(a || b),
                 (a, b) => a.filter(|e| *e).or(b.filter(|e| *e)),

@@ -371,6 +371,21 @@ fn the_shipped_configs_validate() {
 }
 
 #[test]
+fn validate_warns_of_a_global_rule_that_fails_open_in_a_cut_off_region() {
+    let yaml = "domain: g\ndescriptors:\n  - key: tenant\n    scope: global\n    rate_limit: {unit: minute, requests_per_unit: 600}\n  - key: team\n    scope: global\n    failure_mode: deny\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
+    let dir = crate::common::config_dir("cli-validate-global", &[("g.yaml", yaml)]);
+    let output = sluice(&["validate", dir.to_str().unwrap()]);
+    succeeded(&output, "validate");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("warning: g.tenant: scope: global without a failure_mode"),
+        "{stderr}"
+    );
+    // The rule that denies is not warned about.
+    assert!(!stderr.contains("g.team"), "{stderr}");
+}
+
+#[test]
 fn log_format_json_writes_one_json_object_per_line() {
     use std::io::{BufRead, BufReader};
     let dir = crate::common::config_dir("cli-json-logs", &[("c.yaml", CONFIG)]);

@@ -148,6 +148,22 @@ async fn three_regions_admit_the_limit_and_no_more_with_no_request_waiting_on_th
     // Demand stayed above the limit in every region to the end: what is not admitted is
     // what the regions still hold (their pools and blocks), a few percent.
     assert!(total >= LIMIT - LIMIT / 20, "{total} admitted of {LIMIT}");
+    // Each instance shows the root and what moved through it.
+    let far = regions[2]._instances[0].http.parse().unwrap();
+    let (_, rlconfig) = crate::common::http_get(far, "/rlconfig").await.unwrap();
+    assert!(
+        rlconfig.contains("# root: region r2 of 3, the root answers"),
+        "{rlconfig}"
+    );
+    let (_, metrics) = crate::common::http_get(far, "/metrics").await.unwrap();
+    assert_eq!(
+        crate::common::metric::<i64>(&metrics, "sluice_root_reachable"),
+        Some(1)
+    );
+    let granted: u64 =
+        crate::common::metric(&metrics, "sluice_region_units_total{direction=\"granted\"}")
+            .unwrap();
+    assert!(granted > 0);
     // No request waits on the root: the farthest region answers as fast as the root's own
     // (within a few milliseconds of scheduling on a loaded machine).
     assert!(

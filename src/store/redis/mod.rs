@@ -493,6 +493,7 @@ impl Store for RedisStore {
             detail: None,
             failure_mode_answers: Default::default(),
             leases: None,
+            region: None,
             evicts_counters: self.shared.eviction.evicts(),
         }
     }
