@@ -86,6 +86,10 @@ pub struct Timing {
     pub ask_ttl: Micros,
     /// The root window's length.
     pub window: Micros,
+    /// The fewest units an ask wants: the limit's own rate over a region lease period
+    /// (`⌈L × period / window⌉`), so that a new key is not asked for one unit at a time
+    /// while its rate is learned.
+    pub floor: u64,
 }
 
 /// The root's answer to a pool's ask, installed in the pool by the asker.
@@ -302,7 +306,9 @@ impl Pool {
         self.asked_at = now;
         self.asked_demand = self.demand;
         answer.ask = Some(RootAsk {
-            units: ((rate * timing.period as f64).ceil() as u64).max(need),
+            units: ((rate * timing.period as f64).ceil() as u64)
+                .max(need)
+                .max(timing.floor),
             epoch: self.epoch,
             admitted: self.used.saturating_sub(self.reported),
             used: self.used,
@@ -423,6 +429,7 @@ mod tests {
         period: 2_000_000,
         ask_ttl: 2_000_000,
         window: 60_000_000,
+        floor: 1,
     };
 
     fn take(pool: &mut Pool, want: u64, need: u64, now: Micros) -> PoolAnswer {

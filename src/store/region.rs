@@ -119,6 +119,8 @@ struct Core {
     hold: Micros,
     clock: Arc<dyn Clock>,
     regions: AtomicU64,
+    /// When this instance last told the root its region takes leases (local time).
+    counted_at: AtomicU64,
     round_trip: AtomicU64,
     reachable: AtomicBool,
     /// Global counters seen: their limit and when (local time), for the sweeps.
@@ -166,6 +168,7 @@ impl Regions {
                 hold,
                 clock,
                 regions: AtomicU64::new(1),
+                counted_at: AtomicU64::new(0),
                 round_trip: AtomicU64::new(100_000),
                 reachable: AtomicBool::new(true),
                 known: Mutex::default(),
@@ -384,12 +387,15 @@ impl Regions {
 }
 
 impl Core {
-    fn timing(&self, window: Micros) -> Timing {
+    fn timing(&self, limit: &Limit) -> Timing {
+        let window = limit.window.max(1);
+        let floor = (limit.requests as u128 * self.period as u128).div_ceil(window as u128);
         Timing {
             lead: self.round_trip.load(Ordering::Relaxed) + self.period / 4,
             period: self.period,
             ask_ttl: 2 * micros(self.options.root_deadline),
             window,
+            floor: floor.min(limit.requests as u128) as u64,
         }
     }
 
@@ -409,7 +415,7 @@ impl Core {
                 need,
                 instances,
                 demand,
-                timing: self.timing(limit.window),
+                timing: self.timing(limit),
             },
         }
     }

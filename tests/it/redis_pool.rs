@@ -22,6 +22,7 @@ const TIMING: Timing = Timing {
     period: 2 * SECOND,
     ask_ttl: 2 * SECOND,
     window: WINDOW,
+    floor: 3,
 };
 
 fn kind() -> impl Strategy<Value = PoolKind> {

@@ -86,7 +86,7 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
             demand,
             timing,
         } => {
-            values[..9].copy_from_slice(&[
+            values.copy_from_slice(&[
                 args::TAKE,
                 c(want),
                 c(need),
@@ -96,6 +96,7 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
                 c(timing.period),
                 c(timing.ask_ttl),
                 c(timing.window.max(1)),
+                c(timing.floor),
             ]);
         }
         PoolKind::Return {

@@ -49,14 +49,29 @@ impl Core {
             report: self.report(&ask),
         };
         let started = self.clock.now();
+        // The root counts the regions that asked within three region lease periods: this
+        // one says so once a period, alongside an ask.
+        let count = started.saturating_sub(self.counted_at.load(Ordering::Relaxed)) >= self.period;
+        if count {
+            self.counted_at.store(started, Ordering::Relaxed);
+        }
         let within = 3 * self.options.period;
         let (regions, grants) = futures_util::future::join(
-            self.root_call(self.root.instances(&self.options.region, within)),
+            async {
+                if count {
+                    Some(
+                        self.root_call(self.root.instances(&self.options.region, within))
+                            .await,
+                    )
+                } else {
+                    None
+                }
+            },
             self.root_call(self.root.lease(std::slice::from_ref(&lease))),
         )
         .await;
         let elapsed = self.clock.now().saturating_sub(started);
-        if let Ok(n) = regions {
+        if let Some(Ok(n)) = regions {
             self.regions.store(n.max(1), Ordering::Relaxed);
         }
         let retry = |after: Micros| answer.now + elapsed + after.min(self.period / 4);

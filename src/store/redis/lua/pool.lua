@@ -6,7 +6,7 @@
 -- KEYS     one pool per operation (a key may repeat: each operation sees the ones before it)
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
 -- ARGV[..] ten values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
---          then take: want, need, instances, demand, lead, period, ask_ttl, window;
+--          then take: want, need, instances, demand, lead, period, ask_ttl, window, floor;
 --          return: units, generation, guard;
 --          install: units, guard, epoch, asked_at, offset, left, reported, retry_at, failed;
 --          withdraw: idle (times in µs)
@@ -54,7 +54,8 @@ local function free(p)
   return 0
 end
 
-local function take(p, want, need, instances, demand, lead, period, ask_ttl, window, answer)
+local function take(p, want, need, instances, demand, lead, period, ask_ttl, window, floor,
+                    answer)
   local f = free(p)
   local units = 0
   if need > 0 and need <= f then
@@ -80,7 +81,7 @@ local function take(p, want, need, instances, demand, lead, period, ask_ttl, win
   p.asking_until = now + ask_ttl
   p.asked_at = now
   p.asked_demand = p.demand
-  answer.ask = { max(ceil(rate * period), need), p.epoch, max(p.used - p.reported, 0), p.used,
+  answer.ask = { max(ceil(rate * period), need, floor), p.epoch, max(p.used - p.reported, 0), p.used,
     p.guard }
 end
 
@@ -128,7 +129,7 @@ for k = 1, #KEYS do
   local p = load(KEYS[k])
   local answer = { units = 0 }
   if kind == TAKE then
-    take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), answer)
+    take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), answer)
   elseif kind == RETURN then
     local units, generation, guard = arg(2), arg(3), arg(4)
     if generation == p.generation and guard == p.guard and p.generation ~= 0 then
