@@ -373,6 +373,11 @@ impl MemoryStore {
                 }
                 let current = shard.get(&digest, ask.limit.algorithm, now);
                 let (units, mut t, hits) = match ask.take {
+                    Take::Lease(_) if ask.not_after != 0 && now > ask.not_after => (
+                        0,
+                        algorithm::decide(current.as_ref(), &ask.limit, now, 0),
+                        0,
+                    ),
                     Take::Lease(_) if now < hold_until => (
                         0,
                         algorithm::decide(current.as_ref(), &ask.limit, now, 0),
@@ -393,7 +398,11 @@ impl MemoryStore {
                         (hits.unsigned_abs(), t, hits)
                     }
                 };
-                if matches!(ask.take, Take::Lease(_)) && now < hold_until {
+                if matches!(ask.take, Take::Lease(_)) && ask.not_after != 0 && now > ask.not_after {
+                    // Too late: its asker has given up.
+                    t.decision.allowed = false;
+                    t.decision.retry_after = None;
+                } else if matches!(ask.take, Take::Lease(_)) && now < hold_until {
                     t.decision.allowed = false;
                     t.decision.retry_after = Some(hold_until - now);
                 }

@@ -76,8 +76,9 @@ pub enum PoolKind {
 /// When a pool asks the root, and for how much.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
-    /// Ask when what is free would last less than this at the region's rate: the root's
-    /// round trip and a quarter of the region lease period.
+    /// Ask when what is free would last less than this at the region's rate, or the pool
+    /// ends within it: the root's round trip, a lease period (an active region takes at
+    /// least once in it) and a quarter of the region lease period.
     pub lead: Micros,
     /// The region lease period: what an ask wants is the region's use in this time.
     pub period: Micros,
@@ -290,8 +291,11 @@ impl Pool {
         }
         // The region's rate since the last ask (units per µs), what is left would last
         // `lead` at it; an ask wants a region lease period's worth.
+        // (Over a quarter region lease period at least: demand counted over a few
+        // milliseconds says little about a second.)
         let rate = if self.asked_at > 0 && now > self.asked_at {
-            (self.demand - self.asked_demand) as f64 / (now - self.asked_at) as f64
+            let elapsed = (now - self.asked_at).max(timing.period / 4).max(1);
+            (self.demand - self.asked_demand) as f64 / elapsed as f64
         } else {
             0.0
         };

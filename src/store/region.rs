@@ -391,7 +391,11 @@ impl Core {
         let window = limit.window.max(1);
         let floor = (limit.requests as u128 * self.period as u128).div_ceil(window as u128);
         Timing {
-            lead: self.round_trip.load(Ordering::Relaxed) + self.period / 4,
+            // An active region takes from its pool at least once a lease period (its
+            // instances' blocks end): asking this far ahead keeps a busy pool from ending.
+            lead: self.round_trip.load(Ordering::Relaxed)
+                + micros(self.options.lease_period)
+                + self.period / 4,
             period: self.period,
             ask_ttl: 2 * micros(self.options.root_deadline),
             window,

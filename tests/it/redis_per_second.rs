@@ -262,6 +262,7 @@ async fn leases_go_to_the_redis_their_counter_lives_on() {
                 instances: 1,
             }),
             report: Default::default(),
+            not_after: 0,
         }
     };
     let grants = p

@@ -130,3 +130,40 @@ fn the_pool_script_answers_what_the_memory_store_does() {
         })
         .unwrap();
 }
+
+/// A region's ask that reaches the root after its asker gave up (held by a partition, then
+/// delivered when it heals) takes nothing, in memory as in Redis; in time, it is granted.
+#[tokio::test]
+async fn an_ask_delivered_after_its_asker_gave_up_takes_nothing() {
+    use sluice::algorithm::Ask;
+    use sluice::store::{LeaseAsk, Take};
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
+    let options = RedisOptions {
+        key_prefix: "late:".into(),
+        ..RedisOptions::new(redis.url(), RedisKind::Single)
+    };
+    let store = RedisStore::new(&options).unwrap().with_clock(clock.clone());
+    let limit = Limit::new(100, WINDOW, Algorithm::FixedWindow);
+    let ask = |not_after| LeaseAsk {
+        key: CounterKey::new("api", [("tenant", "a")], &limit).global(),
+        limit,
+        take: Take::Lease(Ask {
+            want: 10,
+            need: 1,
+            instances: 1,
+        }),
+        report: Default::default(),
+        not_after,
+    };
+    let now = clock.now();
+    for shared in [&memory as &dyn Shared, &store] {
+        let late = shared.lease(&[ask(now - 1)]).await.unwrap();
+        assert_eq!(late[0].units, 0);
+        assert!(!late[0].decision.allowed);
+        assert_eq!(late[0].decision.remaining, 100, "nothing was taken");
+        let in_time = shared.lease(&[ask(now + 1)]).await.unwrap();
+        assert_eq!(in_time[0].units, 10);
+    }
+}

@@ -232,17 +232,15 @@ async fn a_cut_region_admits_what_it_holds_then_denies_and_the_planet_stays_with
     // asked during the cut reaches the root then, held by the black hole as TCP holds it
     // in a partition: those grants find no one waiting and are lost until the window
     // ends, under and never over; `after` shows it.)
-    for instance in &regions[1]._instances {
-        let heard = || {
-            let heard = instance
-                .log
-                .lock()
-                .iter()
-                .any(|l| l.contains("the root answers again"));
-            async move { heard }
-        };
-        crate::common::eventually("region 1 hears from the root", heard).await;
-    }
+    // (The instance that asked during the cut says so; the other may not have asked.)
+    let heard = || {
+        let heard = regions[1]._instances.iter().any(|instance| {
+            let log = instance.log.lock();
+            log.iter().any(|l| l.contains("the root answers again"))
+        });
+        async move { heard }
+    };
+    crate::common::eventually("region 1 hears from the root", heard).await;
     let after = |r| answers(r, cut_to, Duration::from_secs(8));
     eprintln!(
         "figures: after the heal (admitted, sent): region 0 {:?}, region 1 {:?}, region 2 {:?}",
@@ -317,11 +315,13 @@ async fn a_root_restarted_empty_costs_the_planet_at_most_the_erased_count() {
         total <= LIMIT + before,
         "{total} admitted, {before} before the restart"
     );
-    // The root grants again once the hold (5 s with these periods) has passed.
+    // The root grants again once the hold (5 s with these periods, from its first call
+    // after the restart) has passed; what the regions admitted from their pools after the
+    // restart was reported and charged to the new count, so little is left then.
     let after_hold = histories
         .iter()
         .flatten()
-        .filter(|s| s.at >= restarted + Duration::from_secs(6) && s.answer == "OK")
+        .filter(|s| s.at >= restarted + Duration::from_secs(5) && s.answer == "OK")
         .count();
     assert!(after_hold > 0, "nothing admitted after the hold");
 }

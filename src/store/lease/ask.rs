@@ -39,6 +39,10 @@ pub struct LeaseAsk {
     pub take: Take,
     /// What the block admitted since its last call (the learning rule).
     pub report: Report,
+    /// For a lease: the store's time (µs) after which it grants nothing, because the asker
+    /// has given up waiting (0: none). A region's ask to the root carries one: an ask held by
+    /// a partition and delivered when it heals must not take units nobody will receive.
+    pub not_after: Micros,
 }
 
 /// The learning rule's part of an ask: what the block admitted since its last call, from

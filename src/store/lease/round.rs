@@ -46,6 +46,7 @@ impl Round {
                 hold: self.hold,
                 ..report
             },
+            not_after: 0,
         });
         self.leads.push((Some(i), digest));
     }
@@ -64,6 +65,7 @@ impl Round {
                 hold: self.hold,
                 ..report
             },
+            not_after: 0,
         });
         self.leads.push((None, digest));
     }

@@ -28,7 +28,7 @@ pub(super) static INSTANCES: LazyLock<Script> = LazyLock::new(|| Script::new(INS
 /// values per ask at these offsets. The other half is `lua/lease.lua`, which reads them
 /// under the same names.
 mod args {
-    pub const PER_ASK: usize = 11;
+    pub const PER_ASK: usize = 12;
     pub const ALGORITHM: usize = 0;
     pub const LIMIT: usize = 1;
     pub const WINDOW: usize = 2;
@@ -44,6 +44,8 @@ mod args {
     pub const EPOCH: usize = 8;
     pub const ADMITTED: usize = 9;
     pub const HOLD: usize = 10;
+    /// For a lease: the time after which nothing is granted (0: none).
+    pub const NOT_AFTER: usize = 11;
     /// Values per ask in the answer: units, allowed, remaining, reset, retry.
     pub const PER_GRANT: usize = 5;
 }
@@ -191,6 +193,7 @@ fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
     values[args::EPOCH] = clamp(ask.report.epoch);
     values[args::ADMITTED] = clamp(ask.report.admitted);
     values[args::HOLD] = clamp(ask.report.hold);
+    values[args::NOT_AFTER] = clamp(ask.not_after);
     // (A hand-back names what the counter must still be at: its window's start, or the
     // bucket's arrival time the lease left; lua/lease.lua checks it.)
     match ask.take {

@@ -6,7 +6,7 @@ use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::Core;
+use super::{Core, micros};
 use crate::algorithm::{Ask, Limit, Micros};
 use crate::store::pool::{Install, PoolAnswer, PoolKind, PoolOp, RootAsk};
 use crate::store::{CounterKey, Grant, LeaseAsk, Report, StoreError, Take};
@@ -47,15 +47,32 @@ impl Core {
                 instances: self.regions.load(Ordering::Relaxed),
             }),
             report: self.report(&ask),
+            // The root's time as the pool knows it (never behind it) plus the deadline:
+            // an ask delivered later (held by a partition) grants nothing. Without a grant
+            // yet, the root's clock is not known: no such limit.
+            not_after: if answer.generation == 0 {
+                0
+            } else {
+                answer.root_now + micros(self.options.root_deadline)
+            },
         };
         let started = self.clock.now();
         // The root counts the regions that asked within three region lease periods: this
-        // one says so once a period, alongside an ask.
+        // one says so once a period, alongside an ask; before its first ask, on its own,
+        // so that the first ask is not sized as if this region were alone.
+        let within = 3 * self.options.period;
+        let counted_at = self.counted_at.load(Ordering::Relaxed);
+        if counted_at == 0 {
+            let count = self.root_call(self.root.instances(&self.options.region, within));
+            if let Ok(n) = count.await {
+                self.regions.store(n.max(1), Ordering::Relaxed);
+                self.counted_at.store(started.max(1), Ordering::Relaxed);
+            }
+        }
         let count = started.saturating_sub(self.counted_at.load(Ordering::Relaxed)) >= self.period;
         if count {
-            self.counted_at.store(started, Ordering::Relaxed);
+            self.counted_at.store(started.max(1), Ordering::Relaxed);
         }
-        let within = 3 * self.options.period;
         let (regions, grants) = futures_util::future::join(
             async {
                 if count {
@@ -156,6 +173,7 @@ impl Core {
                     guard: back.guard,
                 },
                 report: self.report(back),
+                not_after: 0,
             })
             .collect();
         let Ok(grants) = self.root_call(self.root.lease(&asks)).await else {

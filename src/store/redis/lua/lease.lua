@@ -15,7 +15,7 @@
 -- KEYS     one counter per ask (a key may repeat: each ask sees the ones before it), then the
 --          epoch key
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
--- ARGV[..] eleven values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
+-- ARGV[..] twelve values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
 --          4 concurrency), limit, window (µs), burst, want (the most units to take; negative:
 --          that many units handed back; 0 with need 0: only the report), need (the fewest
 --          worth taking), instances (those sharing the counter recently), guard (for a
@@ -23,14 +23,15 @@
 --          start it must still be in; for a token bucket, the arrival time the lease left,
 --          within a microsecond: tokens go back only while no charge came after them), epoch
 --          (of the block's units; 0: none), admitted (units the block admitted since its last
---          call), hold (µs)
+--          call), hold (µs), not after (for a lease: the time after which nothing is granted,
+--          its asker having given up; 0: none)
 -- Returns  {now, epoch, then per ask: units taken (for a hand-back: units handed back), 1 if
 --          the ask's need is admitted (else 0), remaining, reset_after, retry_after (-1:
 --          none)}, times in microseconds
 -- The argument layout, defined once in Rust (`mod args` in src/store/redis/lease.rs).
-local PER_ASK = 11
+local PER_ASK = 12
 local ALGORITHM, LIMIT, WINDOW, BURST, WANT, NEED, INSTANCES, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
-local EPOCH, ADMITTED, HOLD = 8, 9, 10
+local EPOCH, ADMITTED, HOLD, NOT_AFTER = 8, 9, 10, 11
 local TOKEN_BUCKET, CONCURRENCY = 3, 4
 
 local asks = #KEYS - 1
@@ -92,6 +93,12 @@ for k = 1, asks do
     -- Only the report; or a hand-back of units that died with their epoch.
     units = 0
     allowed, remaining, reset, retry = step(st, limit, window, burst, now, 0, -1)
+    next_state = nil
+  elseif want > 0 and tonumber(ARGV[a + NOT_AFTER]) > 0 and now > tonumber(ARGV[a + NOT_AFTER]) then
+    -- Too late: its asker has given up waiting (an ask held by a partition): nothing taken.
+    units, allowed, retry = 0, false, -1
+    local _
+    _, remaining, reset = step(st, limit, window, burst, now, 0, -1)
     next_state = nil
   elseif want > 0 and now < hold_until then
     -- The store was wiped under blocks that have not all reported: nothing is granted.

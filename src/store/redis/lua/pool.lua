@@ -15,7 +15,7 @@
 --          admitted, ask used, ask guard}
 -- The layout, defined once in Rust (`mod args` in src/store/redis/pool.rs).
 local tonumber, format, gmatch, pairs = tonumber, string.format, string.gmatch, pairs
-local ceil, max, min = math.ceil, math.max, math.min
+local ceil, floor, max, min = math.ceil, math.floor, math.max, math.min
 local PER_OP, PER_ANSWER = 10, 13
 -- How long a pool's state outlives the pool (`KEEP` in src/store/pool.rs).
 local KEEP = 60000000
@@ -54,12 +54,12 @@ local function free(p)
   return 0
 end
 
-local function take(p, want, need, instances, demand, lead, period, ask_ttl, window, floor,
+local function take(p, want, need, instances, demand, lead, period, ask_ttl, window, least,
                     answer)
   local f = free(p)
   local units = 0
   if need > 0 and need <= f then
-    local share = math.floor(f / (2 * max(instances, 1)))
+    local share = floor(f / (2 * max(instances, 1)))
     units = min(max(min(want, share), need), f)
   end
   p.used = p.used + units
@@ -71,7 +71,7 @@ local function take(p, want, need, instances, demand, lead, period, ask_ttl, win
   if need == 0 or now < p.asking_until then return end
   local rate = 0
   if p.asked_at > 0 and now > p.asked_at then
-    rate = (p.demand - p.asked_demand) / (now - p.asked_at)
+    rate = (p.demand - p.asked_demand) / max(now - p.asked_at, floor(period / 4), 1)
   end
   local low_water = ceil(rate * lead)
   local left = f - units
@@ -81,7 +81,7 @@ local function take(p, want, need, instances, demand, lead, period, ask_ttl, win
   p.asking_until = now + ask_ttl
   p.asked_at = now
   p.asked_demand = p.demand
-  answer.ask = { max(ceil(rate * period), need, floor), p.epoch, max(p.used - p.reported, 0), p.used,
+  answer.ask = { max(ceil(rate * period), need, least), p.epoch, max(p.used - p.reported, 0), p.used,
     p.guard }
 end
 
