@@ -47,6 +47,16 @@ pub enum Command {
         /// Merge files that declare the same domain
         #[arg(long, env = "MERGE_DOMAIN_CONFIG", require_equals = true)]
         merge_domain_config: bool,
+        /// For the bounds printed of global rules (`scope: global`): the instances' lease period
+        #[arg(long, env = "LEASE_PERIOD", default_value = "1s", value_parser = crate::settings::parse_positive_duration)]
+        lease_period: std::time::Duration,
+        /// For the bounds printed of global rules: the region lease period
+        #[arg(long, env = "REGION_LEASE_PERIOD", default_value = "2s", value_parser = crate::settings::parse_positive_duration)]
+        region_lease_period: std::time::Duration,
+        /// For the bounds printed of global rules: the root deadline, taken as the longest
+        /// round trip to the root
+        #[arg(long, env = "ROOT_DEADLINE", default_value = "1s", value_parser = crate::settings::parse_positive_duration)]
+        root_deadline: std::time::Duration,
     },
     /// Send one request and print the answer (exit 0 OK, 2 OVER_LIMIT, 1 error)
     Check(CheckArgs),

@@ -82,6 +82,9 @@ async fn run() -> ExitCode {
         Command::Validate {
             dir,
             merge_domain_config,
+            lease_period,
+            region_lease_period,
+            root_deadline,
         } => {
             let options = config::LoadOptions {
                 merge_domains: merge_domain_config,
@@ -90,6 +93,15 @@ async fn run() -> ExitCode {
                 Ok(loaded) => {
                     for warning in loaded.policy.warnings() {
                         eprintln!("warning: {warning}");
+                    }
+                    let region = sluice::store::RegionOptions {
+                        period: region_lease_period,
+                        lease_period,
+                        root_deadline,
+                        ..Default::default()
+                    };
+                    for line in global_bounds(&loaded.policy, &region) {
+                        let _ = writeln!(std::io::stdout(), "{line}");
                     }
                     let _ = writeln!(std::io::stdout(), "all rate limit configs ok");
                     ExitCode::SUCCESS
@@ -232,4 +244,56 @@ fn tool_error(e: ToolError) -> ExitCode {
         ToolError::Usage(_) => ExitCode::from(EX_USAGE),
         ToolError::Rpc(_) => ExitCode::FAILURE,
     }
+}
+
+/// A line per limit of each global rule (`scope: global`): its over bound by failure mode,
+/// and what a region holds at most at the limit's own rate with the periods given (the
+/// under bound's term per region).
+fn global_bounds(
+    policy: &sluice::policy::Policy,
+    region: &sluice::store::RegionOptions,
+) -> Vec<String> {
+    use sluice::store::FailureMode;
+    let round_trip = region.root_deadline.as_micros().min(u64::MAX as u128) as u64;
+    let mut lines = Vec::new();
+    for (domain, rule) in policy.rules_by_domain() {
+        let sluice::policy::RuleLimit::Limited(limits) = &rule.limit else {
+            continue;
+        };
+        if !rule.global {
+            continue;
+        }
+        let mode = rule.failure_mode.or(policy.failure_mode_of(domain));
+        for limit in limits {
+            let requests = limit.requests_per_unit;
+            let over = match mode {
+                Some(FailureMode::Deny) => "never over".to_owned(),
+                Some(FailureMode::Local) => format!(
+                    "never over while the regions reach the root; a cut region admits its share (PARTITION_SHARE, one over the regions by default) of {requests} per window on top"
+                ),
+                Some(FailureMode::Envoy) => {
+                    "never over while the regions reach the root; then Envoy's failure_mode_deny decides".to_owned()
+                }
+                Some(FailureMode::Allow) | None => {
+                    "never over while the regions reach the root; a cut region fails open (allow) once its pool ends".to_owned()
+                }
+            };
+            let held = sluice::store::region::held_at_own_rate(
+                requests,
+                limit.window(),
+                region,
+                round_trip,
+            );
+            lines.push(format!(
+                "{}: scope: global, {requests} per {}: {over}; a region holds at most about {held} units unused at this limit's own rate ({:.1} % of it; under bound: the regions' sum), with LEASE_PERIOD {:?}, REGION_LEASE_PERIOD {:?} and round trips up to ROOT_DEADLINE {:?}",
+                rule.stats_key,
+                limit.window_name().to_lowercase(),
+                held as f64 * 100.0 / requests.max(1) as f64,
+                region.lease_period,
+                region.period,
+                region.root_deadline,
+            ));
+        }
+    }
+    lines
 }

@@ -277,6 +277,11 @@ impl Policy {
         rules
     }
 
+    /// A domain's own `failure_mode` (its file's), if it has one.
+    pub fn failure_mode_of(&self, domain: &str) -> Option<FailureMode> {
+        self.domains.get(domain).and_then(|d| d.failure_mode)
+    }
+
     /// What a valid policy may still do that its operator should know (`sluice validate`
     /// prints them): a global rule that fails open in a region cut off from the root.
     pub fn warnings(&self) -> Vec<String> {
@@ -284,7 +289,7 @@ impl Policy {
             .into_iter()
             .filter(|(_, rule)| rule.global)
             .filter_map(|(domain, rule)| {
-                let file_mode = self.domains.get(domain).and_then(|d| d.failure_mode);
+                let file_mode = self.failure_mode_of(domain);
                 match rule.failure_mode.or(file_mode) {
                     Some(FailureMode::Allow) => Some(format!(
                         "{}: scope: global with failure_mode: allow admits without bound in a region cut off from the root once its pool ends; deny never over-admits, local admits the region's share",

@@ -74,6 +74,25 @@ impl Default for RegionOptions {
     }
 }
 
+/// What a region holds of a global limit of `requests` per `window` at most (its pool's low
+/// water mark, an ask, and its instances' blocks: `lw_r + g_r + Σ b_i`), when it admits at
+/// the limit's own rate, with the root `round_trip` away: the under bound's term per region
+/// that `sluice validate` prints.
+pub fn held_at_own_rate(
+    requests: u64,
+    window: Micros,
+    options: &RegionOptions,
+    round_trip: Micros,
+) -> u64 {
+    let rate = requests as f64 / window.max(1) as f64;
+    let (period, lease_period) = (micros(options.period), micros(options.lease_period));
+    let low_water = rate * (round_trip + lease_period + period / 4) as f64;
+    let ask = (rate * period as f64)
+        .max((requests as u128 * period as u128 / window.max(1) as u128) as f64);
+    let blocks = rate * lease_period as f64;
+    (low_water.ceil() + ask.ceil() + blocks.ceil()).min(requests as f64) as u64
+}
+
 /// A region's view of its pools and of the root.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RegionStatus {

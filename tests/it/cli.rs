@@ -372,7 +372,7 @@ fn the_shipped_configs_validate() {
 
 #[test]
 fn validate_warns_of_a_global_rule_that_fails_open_in_a_cut_off_region() {
-    let yaml = "domain: g\ndescriptors:\n  - key: tenant\n    scope: global\n    rate_limit: {unit: minute, requests_per_unit: 600}\n  - key: team\n    scope: global\n    failure_mode: deny\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
+    let yaml = "domain: g\ndescriptors:\n  - key: tenant\n    scope: global\n    rate_limit: {unit: minute, requests_per_unit: 600000}\n  - key: team\n    scope: global\n    failure_mode: deny\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
     let dir = crate::common::config_dir("cli-validate-global", &[("g.yaml", yaml)]);
     let output = sluice(&["validate", dir.to_str().unwrap()]);
     succeeded(&output, "validate");
@@ -383,6 +383,19 @@ fn validate_warns_of_a_global_rule_that_fails_open_in_a_cut_off_region() {
     );
     // The rule that denies is not warned about.
     assert!(!stderr.contains("g.team"), "{stderr}");
+    // Each global limit's bounds: over by failure mode, and what a region holds at most at
+    // the limit's own rate (600,000 a minute is 10,000 a second: a low-water mark of 2.5 s
+    // with a round trip of a second, an ask of 2 s and blocks of 1 s: 55,000).
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("g.team: scope: global, 60 per minute: never over;"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("g.tenant: scope: global, 600000 per minute: never over while the regions reach the root; a cut region fails open")
+            && stdout.contains("holds at most about 55000 units"),
+        "{stdout}"
+    );
 }
 
 #[test]
