@@ -28,7 +28,7 @@ const LIMIT: u64 = 1500;
 
 fn yaml() -> String {
     format!(
-        "domain: g\ndescriptors:\n  - key: k\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}}}\n  - key: k\n    value: big\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: 1000000}}\n"
+        "domain: g\ndescriptors:\n  - key: k\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}}}\n  - key: k\n    value: slide\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: sliding_window}}\n  - key: k\n    value: big\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: 1000000}}\n"
     )
 }
 
@@ -348,4 +348,23 @@ async fn root_calls_are_per_region_lease_period_not_per_request() {
     // while its rate is first learned.
     let periods = run.as_secs() / 2 + 1;
     assert!(calls <= 3 * (3 * periods + 6), "{calls} root calls");
+}
+
+/// A sliding window across regions: the planet admits the limit and no more (the run lies in
+/// one window, whose predecessor is empty, so the estimate is the window's own count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_window_across_regions_admits_the_limit_and_no_more() {
+    let root = RedisServer::start();
+    let regions = planet("regions-sliding", &root, [0, 20, 40]).await;
+    let histories = load(&regions, "slide", 150, Duration::from_secs(6), |_| {}).await;
+    let per_region: Vec<u64> = histories.iter().map(|h| admitted(h)).collect();
+    let total: u64 = per_region.iter().sum();
+    eprintln!(
+        "figures: a sliding window of {LIMIT} an hour in three regions: admitted {per_region:?} = {total}"
+    );
+    for history in &histories {
+        assert_eq!(errors(history), 0);
+    }
+    assert!(total <= LIMIT, "{total} admitted of {LIMIT}");
+    assert!(total >= LIMIT - LIMIT / 20, "{total} admitted of {LIMIT}");
 }

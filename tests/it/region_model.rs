@@ -378,7 +378,8 @@ fn run(limit: Limit, sizes: &[usize], waves: &[Wave]) -> Run {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
-    /// Never over: per window, the planet admits at most the limit, whatever the regions,
+    /// Never over: per window, the planet admits at most the limit (fixed and sliding
+    /// windows), whatever the regions,
     /// instances, delays, cuts, lost replies and crashes. In a window whose root was wiped,
     /// at most the limit plus what it had admitted before the (last) wipe: the erased count,
     /// what a wipe costs exact counting. A region cut off from the root admits nothing once
@@ -386,10 +387,12 @@ proptest! {
     #[test]
     fn the_planet_never_admits_more_than_the_limit_per_window(
         requests in prop_oneof![1u64..20, 20u64..2000],
+        sliding in any::<bool>(),
         sizes in proptest::collection::vec(1usize..4, 1..4),
         waves in waves(),
     ) {
-        let limit = limit(requests, WINDOW, Algorithm::FixedWindow, requests);
+        let algorithm = if sliding { Algorithm::SlidingWindow } else { Algorithm::FixedWindow };
+        let limit = limit(requests, WINDOW, algorithm, requests);
         let Run { admitted, wipes, cut_off } = run(limit, &sizes, &waves);
         // A region cut off from the root admits only what it held: its pool ends a region
         // lease period after its last grant (asked before the cut), a block a lease period

@@ -202,8 +202,8 @@ impl Cx<'_> {
 
     /// A descriptor's `scope`: whether its rule is global. A global rule is leased (an
     /// explicit `consistency: exact` is an error: across regions that would be a round trip
-    /// per request), on fixed windows for now, and never a concurrency limit or a usage
-    /// budget.
+    /// per request), on fixed and sliding windows for now, and never a concurrency limit or a
+    /// usage budget.
     fn scope(&mut self, descriptor: &RawDescriptor, path: &str, limits: &[RateLimit]) -> bool {
         let Some(value) = descriptor.scope.as_deref() else {
             return false;
@@ -230,8 +230,8 @@ impl Cx<'_> {
                 "algorithm concurrency (its releases must reach one count)"
             } else if limit.overdraft {
                 "overdraft (every usage report must reach one count)"
-            } else if limit.algorithm != Algorithm::FixedWindow {
-                "sliding_window or token_bucket yet (fixed_window only, for now)"
+            } else if limit.algorithm == Algorithm::TokenBucket {
+                "token_bucket yet (fixed and sliding windows only, for now)"
             } else {
                 continue;
             };

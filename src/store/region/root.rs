@@ -245,7 +245,9 @@ fn installed(
         epoch: grant.epoch,
         asked_at: answer.now,
         offset: grant.now as i64 - answer.now as i64,
-        left: period.min(grant.decision.reset_after),
+        // Units charged to the root's current window die with it (a sliding window's
+        // included: in the next one they count only weighted).
+        left: period.min(limit.window_left(grant.now)),
         reported: ask.used,
         retry_at: retry(
             grant
