@@ -202,9 +202,13 @@ fn a_region_names_its_root_and_the_root_its_region() {
         "rediss://root.example:6380",
         "--root-deadline",
         "300ms",
+        "--root-wait-replicas",
+        "1",
     ])
     .unwrap();
+    assert_eq!(s.redis.as_ref().unwrap().wait_replicas, 0);
     let (root, region) = s.root.unwrap();
+    assert_eq!(root.wait_replicas, 1);
     assert_eq!(root.url, "rediss://root.example:6380");
     assert_eq!(root.call_timeout, Duration::from_millis(300));
     assert_eq!(region.region, "eu-west");

@@ -41,6 +41,16 @@ struct Region {
 
 /// Three regions, `delays` (one way) from the root, each with its Redis and two instances.
 async fn planet(name: &str, root: &RedisServer, delays: [u64; 3]) -> Vec<Region> {
+    planet_with(name, root, delays, &[]).await
+}
+
+/// [`planet`], every instance with `extra` environment.
+async fn planet_with(
+    name: &str,
+    root: &RedisServer,
+    delays: [u64; 3],
+    extra: &[(&str, &str)],
+) -> Vec<Region> {
     let dir = config_dir(name, &[("g.yaml", &yaml())]);
     let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", root.port).parse().unwrap();
     let mut regions = Vec::new();
@@ -53,12 +63,13 @@ async fn planet(name: &str, root: &RedisServer, delays: [u64; 3]) -> Vec<Region>
         let root_url = format!("redis://{}", proxy.addr);
         let region = format!("r{r}");
         let url = redis.url();
-        let env = [
+        let mut env = vec![
             ("REGION", region.as_str()),
             ("ROOT_REDIS_URL", root_url.as_str()),
             ("REGION_LEASE_PERIOD", "2s"),
             ("ROOT_DEADLINE", "1s"),
         ];
+        env.extend_from_slice(extra);
         let instances: Vec<SluiceProcess> = (0..2)
             .map(|_| {
                 SluiceProcess::spawn_with_env(
@@ -367,4 +378,30 @@ async fn a_sliding_window_across_regions_admits_the_limit_and_no_more() {
     }
     assert!(total <= LIMIT, "{total} admitted of {LIMIT}");
     assert!(total >= LIMIT - LIMIT / 20, "{total} admitted of {LIMIT}");
+}
+
+/// With ROOT_WAIT_REPLICAS, a grant counts only once a replica of the root holds it: a root
+/// without the replica grants nothing a region uses, and the rule's failure mode answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_short_of_its_replicas_grants_nothing_a_region_uses() {
+    let root = RedisServer::start();
+    let regions = planet_with(
+        "regions-wait",
+        &root,
+        [0, 0, 0],
+        &[("ROOT_WAIT_REPLICAS", "1"), ("ROOT_DEADLINE", "200ms")],
+    )
+    .await;
+    let histories = load(&regions, "acme", 50, Duration::from_secs(3), |_| {}).await;
+    let total: u64 = histories.iter().map(|h| admitted(h)).sum();
+    for history in &histories {
+        assert_eq!(errors(history), 0);
+    }
+    assert_eq!(total, 0, "a grant no replica holds was used");
+    let instance = regions[0]._instances[0].http.parse().unwrap();
+    let (_, metrics) = crate::common::http_get(instance, "/metrics").await.unwrap();
+    assert_eq!(
+        crate::common::metric::<i64>(&metrics, "sluice_root_reachable"),
+        Some(0)
+    );
 }

@@ -238,6 +238,13 @@ struct RootArgs {
     #[arg(long, env = "REGION_LEASE_PERIOD", default_value = "2s", value_parser = parse_positive_duration)]
     region_lease_period: Duration,
 
+    /// Replicas of the root that must hold each grant before a region uses it: after each
+    /// root call Sluice sends WAIT for this many, for at most ROOT_DEADLINE; fewer is a
+    /// failed call (its units are lost to the window, never admitted). A root failover then
+    /// cannot lose a grant a region admits from. Single Redis and Sentinel only
+    #[arg(long, env = "ROOT_WAIT_REPLICAS", default_value = "0")]
+    root_wait_replicas: u32,
+
     /// What failure_mode local admits per window in a region cut off from the root, as a
     /// share of the limit [default: one over the number of regions]
     #[arg(long, env = "PARTITION_SHARE", value_parser = parse_ratio)]
@@ -398,7 +405,7 @@ impl RootArgs {
         };
         let base = RedisOptions {
             call_timeout: self.root_deadline,
-            wait_replicas: 0,
+            wait_replicas: self.root_wait_replicas,
             ..base.clone()
         };
         let options = RegionOptions {
