@@ -1,3 +1,5 @@
+// Why one file: the pool's arithmetic is one state machine that the memory store runs and
+// lua/pool.lua mirrors; its unit tests walk that machine.
 //! A region's pool of a global counter (`scope: global`, docs/configuration/leased-quota.md,
 //! "Across regions"): the units the root counter granted this region, which the region's
 //! instances take blocks from, and the state of the region's asks to the root. The pool is

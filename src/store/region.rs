@@ -1,3 +1,5 @@
+// Why one file: a request's global counters, the pool calls they share and the failure
+// mode of a cut-off region move the same units; the root's side is in region/root.rs.
 //! Global counters across regions (`scope: global`; docs/configuration/leased-quota.md,
 //! "Across regions"): this region's pools between the root counter and the instances'
 //! blocks. To the root (one counter in the home region's store, run by the lease protocol
@@ -21,7 +23,11 @@
 //! Every unit admitted anywhere was granted by the root first: the planet never admits more
 //! than one exact counter would. Region-scope counters pass through to the region's store.
 
+mod options;
 mod root;
+mod stack;
+
+pub use options::{RegionOptions, RegionStatus, held_at_own_rate};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,9 +38,8 @@ use parking_lot::Mutex;
 
 use super::pool::{PoolAnswer, PoolKind, PoolOp, Timing};
 use super::{
-    Admission, Applied, Batch, BoxFuture, ClaimAsk, ClaimGrant, CounterOp, FailureMode, Grant,
-    LeaseAsk, RefusedAdd, RefusedClose, RefusedCounts, Role, Shared, Store, StoreError,
-    StoreStatus, Take, admitted,
+    Admission, Applied, Batch, CounterOp, FailureMode, Grant, LeaseAsk, Role, Shared, StoreError,
+    Take, admitted,
 };
 use crate::algorithm::{Decision, Limit, Micros};
 use crate::clock::Clock;
@@ -43,84 +48,6 @@ use crate::clock::Clock;
 /// oldest are forgotten (their pools' units then go back only when another instance sees
 /// them, or die with their window: under, never over).
 const MAX_KNOWN: usize = 100_000;
-
-/// Settings of a region under a root.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RegionOptions {
-    /// This region's name (`REGION`): the root counts regions by it.
-    pub region: String,
-    /// How long a region's pool lives after a grant (`REGION_LEASE_PERIOD`); asks want what
-    /// the region uses in this time.
-    pub period: Duration,
-    /// How long a call to the root may take (`ROOT_DEADLINE`).
-    pub root_deadline: Duration,
-    /// The instances' lease period (`LEASE_PERIOD`): a block taken from a pool lives this
-    /// much longer than it.
-    pub lease_period: Duration,
-    /// What `failure_mode: local` admits per window in a region cut off from the root, as a
-    /// share of the limit (`PARTITION_SHARE`; 0: one over the number of regions).
-    pub partition_share: f64,
-}
-
-impl Default for RegionOptions {
-    fn default() -> Self {
-        Self {
-            region: "default".into(),
-            period: Duration::from_secs(2),
-            root_deadline: Duration::from_secs(1),
-            lease_period: Duration::from_secs(1),
-            partition_share: 0.0,
-        }
-    }
-}
-
-/// What a region holds of a global limit of `requests` per `window` at most (its pool's low
-/// water mark, an ask, and its instances' blocks: `lw_r + g_r + Σ b_i`), when it admits at
-/// the limit's own rate, with the root `round_trip` away: the under bound's term per region
-/// that `sluice validate` prints.
-pub fn held_at_own_rate(
-    requests: u64,
-    window: Micros,
-    options: &RegionOptions,
-    round_trip: Micros,
-) -> u64 {
-    let rate = requests as f64 / window.max(1) as f64;
-    let (period, lease_period) = (micros(options.period), micros(options.lease_period));
-    let low_water = rate * (round_trip + lease_period + period / 4) as f64;
-    let ask = (rate * period as f64)
-        .max((requests as u128 * period as u128 / window.max(1) as u128) as f64);
-    let blocks = rate * lease_period as f64;
-    (low_water.ceil() + ask.ceil() + blocks.ceil()).min(requests as f64) as u64
-}
-
-/// A region's view of its pools and of the root.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RegionStatus {
-    /// This region's name.
-    pub region: String,
-    /// Whether the root answered the last call.
-    pub root_reachable: bool,
-    /// Regions the root counted at the last ask (at least 1).
-    pub regions: u64,
-    /// Root calls by result.
-    pub root_calls_ok: u64,
-    /// See above.
-    pub root_calls_failed: u64,
-    /// Units the root granted to this instance's asks, and handed back by it.
-    pub units_granted: u64,
-    /// See above.
-    pub units_returned: u64,
-    /// Units granted that arrived after their pool would have ended (handed back).
-    pub units_late: u64,
-    /// Global counters this instance decided from its pools, by failure mode, or refused.
-    pub pool_decisions: u64,
-    /// See above.
-    pub failure_mode_decisions: u64,
-    /// The last root round trip (µs).
-    pub round_trip: Micros,
-    /// Global counters this instance knows of.
-    pub pools: u64,
-}
 
 /// The region layer over this region's store and the root's.
 pub struct Regions {
@@ -234,46 +161,11 @@ impl Regions {
             return core.region.apply(batch).await;
         }
         core.start();
-        let need = |op: &CounterOp| match batch.admission {
-            Admission::Never => 0,
-            _ => op.hits.max(0) as u64,
-        };
-        let takes: Vec<PoolOp> = global
-            .iter()
-            .map(|&i| {
-                let op = &batch.ops[i];
-                let need = need(op);
-                core.take_op(op.key.clone(), &op.limit, (need, need, need), 1)
-            })
-            .collect();
-        let answers = core.region.pool(&takes).await?;
-        core.asks(
-            &global.iter().map(|&i| &batch.ops[i]).collect::<Vec<_>>(),
-            &answers,
-        );
-        let mut decisions: Vec<Option<Decision>> = vec![None; batch.ops.len()];
-        let mut taken = Vec::new();
-        let mut cut = Vec::new();
-        for ((&i, answer), take) in global.iter().zip(&answers).zip(&takes) {
-            let op = &batch.ops[i];
-            if answer.units > 0 {
-                taken.push((take.key.clone(), answer.units, *answer));
-            }
-            if core.cut_off(answer) && op.hits >= 0 {
-                cut.push(i);
-                continue;
-            }
-            core.totals.pool.fetch_add(1, Ordering::Relaxed);
-            let mut decision = answer.decision(op.limit.window, core.retry(answer));
-            // A look (0 hits, or a request already refused) is allowed while units are free.
-            if need(op) == 0 {
-                decision.allowed = answer.free > 0;
-            }
-            decisions[i] = Some(decision);
-        }
-        for &i in &cut {
-            decisions[i] = core.failure_mode(&batch.ops[i]).await?;
-        }
+        let Global {
+            mut decisions,
+            taken,
+            cut,
+        } = core.decide_global(batch, &global).await?;
         let refused_here = batch
             .ops
             .iter()
@@ -315,7 +207,7 @@ impl Regions {
         Ok(Applied {
             admitted,
             decisions,
-            degraded: !cut.is_empty(),
+            degraded: cut,
             cached: Vec::new(),
             decided_at: None,
             calls: Default::default(),
@@ -405,7 +297,68 @@ impl Regions {
     }
 }
 
+/// A request's global counters decided from the region's pools (or by their failure mode).
+struct Global {
+    /// Per operation of the request: the global ones' decisions.
+    decisions: Vec<Option<Decision>>,
+    /// Units taken from pools: back to them if the request is refused.
+    taken: Vec<(super::CounterKey, u64, PoolAnswer)>,
+    /// Whether a failure mode answered.
+    cut: bool,
+}
+
 impl Core {
+    /// Takes the `global` operations' hits from their pools (one call to the region's
+    /// store), asks the root where a take says so, and decides each: from its pool, or by its
+    /// failure mode when the root is away and the pool has ended.
+    async fn decide_global(
+        self: &Arc<Self>,
+        batch: &Batch,
+        global: &[usize],
+    ) -> Result<Global, StoreError> {
+        let need = |op: &CounterOp| match batch.admission {
+            Admission::Never => 0,
+            _ => op.hits.max(0) as u64,
+        };
+        let takes: Vec<PoolOp> = global
+            .iter()
+            .map(|&i| {
+                let op = &batch.ops[i];
+                let need = need(op);
+                self.take_op(op.key.clone(), &op.limit, (need, need, need), 1)
+            })
+            .collect();
+        let answers = self.region.pool(&takes).await?;
+        self.asks(
+            &global.iter().map(|&i| &batch.ops[i]).collect::<Vec<_>>(),
+            &answers,
+        );
+        let mut out = Global {
+            decisions: vec![None; batch.ops.len()],
+            taken: Vec::new(),
+            cut: false,
+        };
+        for ((&i, answer), take) in global.iter().zip(&answers).zip(&takes) {
+            let op = &batch.ops[i];
+            if answer.units > 0 {
+                out.taken.push((take.key.clone(), answer.units, *answer));
+            }
+            if self.cut_off(answer) && op.hits >= 0 {
+                out.cut = true;
+                out.decisions[i] = self.failure_mode(op).await?;
+                continue;
+            }
+            self.totals.pool.fetch_add(1, Ordering::Relaxed);
+            let mut decision = answer.decision(op.limit.window, self.retry(answer));
+            // A look (0 hits, or a request already refused) is allowed while units are free.
+            if need(op) == 0 {
+                decision.allowed = answer.free > 0;
+            }
+            out.decisions[i] = Some(decision);
+        }
+        Ok(out)
+    }
+
     fn timing(&self, limit: &Limit) -> Timing {
         let window = limit.window.max(1);
         let floor = (limit.requests as u128 * self.period as u128).div_ceil(window as u128);
@@ -551,101 +504,5 @@ impl Core {
             }
         }
         known.insert(key.clone(), (*limit, now));
-    }
-}
-
-impl Store for Regions {
-    fn apply<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<Applied, StoreError>> {
-        Box::pin(self.apply_batch(batch))
-    }
-
-    fn status(&self) -> StoreStatus {
-        StoreStatus {
-            region: Some(self.region_status()),
-            ..self.core.region.status()
-        }
-    }
-
-    /// A global counter is reset at the root (its pools keep what they hold until they
-    /// end); the rest in the region's store.
-    fn reset<'a>(&'a self, ops: &'a [CounterOp]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let (global, region): (Vec<CounterOp>, Vec<CounterOp>) =
-                ops.iter().cloned().partition(|op| op.key.is_global());
-            let mut cleared = 0;
-            if !global.is_empty() {
-                cleared += self.core.root.reset(&global).await?;
-            }
-            if !region.is_empty() {
-                cleared += self.core.region.reset(&region).await?;
-            }
-            Ok(cleared)
-        })
-    }
-
-    fn store_key(&self, op: &CounterOp) -> String {
-        if op.key.is_global() {
-            return self.core.root.store_key(op);
-        }
-        self.core.region.store_key(op)
-    }
-
-    /// Idle pools' units back to the root, then the region's store and the root shut down.
-    fn shut_down(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.core.sweep(false).await;
-            self.core.region.shut_down().await;
-            self.core.root.shut_down().await;
-        })
-    }
-}
-
-impl Shared for Regions {
-    fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
-        Box::pin(self.lease_asks(asks))
-    }
-
-    fn pool<'a>(&'a self, ops: &'a [PoolOp]) -> BoxFuture<'a, Result<Vec<PoolAnswer>, StoreError>> {
-        self.core.region.pool(ops)
-    }
-
-    fn instances<'a>(
-        &'a self,
-        instance: &'a str,
-        within: Duration,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.core.region.instances(instance, within)
-    }
-
-    fn claim<'a>(
-        &'a self,
-        asks: &'a [ClaimAsk],
-    ) -> BoxFuture<'a, Result<Vec<ClaimGrant>, StoreError>> {
-        self.core.region.claim(asks)
-    }
-
-    fn add_refused<'a>(
-        &'a self,
-        adds: &'a [RefusedAdd],
-    ) -> BoxFuture<'a, Result<Vec<u32>, StoreError>> {
-        self.core.region.add_refused(adds)
-    }
-
-    fn close_refused<'a>(
-        &'a self,
-        closes: &'a [RefusedClose],
-    ) -> BoxFuture<'a, Result<Vec<RefusedCounts>, StoreError>> {
-        self.core.region.close_refused(closes)
-    }
-
-    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.core.region.probe()
-    }
-
-    fn warm_up(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.core.region.warm_up().await;
-            self.core.root.warm_up().await;
-        })
     }
 }
