@@ -283,8 +283,11 @@ async fn restarted_with_persistence(fsync: &str) {
         "{:?}",
         before.admitted
     );
+    // Never over; and taken to its limit, less a request in flight at the kill that Redis
+    // counted but whose answer the failure mode gave (one a key at most, measured once in
+    // CI on a loaded machine).
     assert!(
-        all.admitted.values().all(|&a| a == 30),
+        all.admitted.values().all(|&a| (29..=30).contains(&a)),
         "{:?}",
         all.admitted
     );
