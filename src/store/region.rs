@@ -243,36 +243,43 @@ impl Regions {
                 }
             })
             .collect();
-        let region_asks: Vec<LeaseAsk> = region.iter().map(|&i| asks[i].clone()).collect();
-        let (pooled, leased) = futures_util::future::join(core.region.pool(&ops), async {
-            if region_asks.is_empty() {
-                Ok(Vec::new())
-            } else {
-                core.region.lease(&region_asks).await
+        let answers = core.region.pool(&ops).await?;
+        let mut cut = false;
+        let mut taken = Vec::new();
+        for (&i, answer) in global.iter().zip(&answers) {
+            let ask = &asks[i];
+            if !matches!(ask.take, Take::Lease(_)) {
+                continue;
             }
-        })
-        .await;
-        let answers = pooled?;
-        let leased = leased?;
-        let takes: Vec<(usize, &PoolAnswer)> = global
-            .iter()
-            .zip(&answers)
-            .filter(|(i, _)| matches!(asks[**i].take, Take::Lease(_)))
-            .map(|(i, a)| (*i, a))
-            .collect();
-        for (i, answer) in &takes {
-            core.remember(&asks[*i].key, &asks[*i].limit);
             if answer.ask.is_some() {
-                core.ask_root(asks[*i].key.clone(), asks[*i].limit, **answer);
+                core.ask_root(ask.key.clone(), ask.limit, *answer);
             }
-            if core.cut_off(answer) {
-                // The root is away and the pool ended: the rule's failure mode answers, in
-                // the exact path (`apply`).
-                return Err(StoreError::Unavailable(
-                    "the root does not answer and this region's pool has ended".into(),
-                ));
+            if answer.units > 0 {
+                taken.push((ask.key.clone(), answer.units, *answer));
             }
+            cut |= core.cut_off(answer);
         }
+        if cut {
+            // The root is away and a pool has ended: the rule's failure mode answers, in the
+            // exact path (`apply`). What the other asks took goes back to their pools, and
+            // the region-scope asks are not sent.
+            core.put_back(taken).await;
+            return Err(StoreError::Unavailable(
+                "the root does not answer and this region's pool has ended".into(),
+            ));
+        }
+        let region_asks: Vec<LeaseAsk> = region.iter().map(|&i| asks[i].clone()).collect();
+        let leased = if region_asks.is_empty() {
+            Vec::new()
+        } else {
+            match core.region.lease(&region_asks).await {
+                Ok(leased) => leased,
+                Err(e) => {
+                    core.put_back(taken).await;
+                    return Err(e);
+                }
+            }
+        };
         let grants = global.iter().zip(&answers).map(|(&i, answer)| {
             let window = asks[i].limit.window;
             let decision = answer.decision(window, core.retry(answer));
@@ -338,14 +345,22 @@ impl Core {
             taken: Vec::new(),
             cut: false,
         };
-        for ((&i, answer), take) in global.iter().zip(&answers).zip(&takes) {
-            let op = &batch.ops[i];
+        for (answer, take) in answers.iter().zip(&takes) {
             if answer.units > 0 {
                 out.taken.push((take.key.clone(), answer.units, *answer));
             }
+        }
+        for (&i, answer) in global.iter().zip(&answers) {
+            let op = &batch.ops[i];
             if self.cut_off(answer) && op.hits >= 0 {
                 out.cut = true;
-                out.decisions[i] = self.failure_mode(op).await?;
+                match self.failure_mode(op).await {
+                    Ok(decision) => out.decisions[i] = decision,
+                    Err(e) => {
+                        self.put_back(std::mem::take(&mut out.taken)).await;
+                        return Err(e);
+                    }
+                }
                 continue;
             }
             self.totals.pool.fetch_add(1, Ordering::Relaxed);
