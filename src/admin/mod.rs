@@ -234,6 +234,15 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
             region.root_calls_failed,
             region.pools
         );
+        for pool in &region.top {
+            let _ = writeln!(
+                out,
+                "# pool: {}: {} units free, ends in {} ms (as last seen)",
+                pool.key,
+                pool.free,
+                pool.ends_in.div_ceil(1000)
+            );
+        }
     }
     if let Some(quotas) = &state.rlqs {
         for line in quotas.dump().lines() {

@@ -27,7 +27,7 @@ mod options;
 mod root;
 mod stack;
 
-pub use options::{RegionOptions, RegionStatus, held_at_own_rate};
+pub use options::{PoolView, RegionOptions, RegionStatus, held_at_own_rate};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +48,8 @@ use crate::clock::Clock;
 /// oldest are forgotten (their pools' units then go back only when another instance sees
 /// them, or die with their window: under, never over).
 const MAX_KNOWN: usize = 100_000;
+/// Pools listed in `/rlconfig`.
+const LISTED_POOLS: usize = 20;
 
 /// The region layer over this region's store and the root's.
 pub struct Regions {
@@ -70,9 +72,19 @@ struct Core {
     round_trip: AtomicU64,
     reachable: AtomicBool,
     /// Global counters seen: their limit and when (local time), for the sweeps.
-    known: Mutex<HashMap<super::CounterKey, (Limit, Micros)>>,
+    known: Mutex<HashMap<super::CounterKey, Known>>,
     started: AtomicBool,
     totals: Totals,
+}
+
+/// A global counter this instance has seen: its limit, when (local time), and its pool as
+/// last answered (free units, and when it ends, local time).
+#[derive(Clone, Copy)]
+struct Known {
+    limit: Limit,
+    seen: Micros,
+    free: u64,
+    ends_at: Micros,
 }
 
 #[derive(Default)]
@@ -128,6 +140,9 @@ impl Regions {
     /// What the region's pools and the root look like from this instance.
     pub fn region_status(&self) -> RegionStatus {
         let c = &self.core;
+        // (One lock at a time: a guard in the literal below would live through it.)
+        let pools = c.known.lock().len() as u64;
+        let top = c.top_pools();
         let t = &c.totals;
         RegionStatus {
             region: c.options.region.clone(),
@@ -141,7 +156,8 @@ impl Regions {
             pool_decisions: t.pool.load(Ordering::Relaxed),
             failure_mode_decisions: t.failure_mode.load(Ordering::Relaxed),
             round_trip: c.round_trip.load(Ordering::Relaxed),
-            pools: c.known.lock().len() as u64,
+            pools,
+            top,
         }
     }
 
@@ -251,6 +267,7 @@ impl Regions {
             if !matches!(ask.take, Take::Lease(_)) {
                 continue;
             }
+            core.saw(&ask.key, answer);
             if answer.ask.is_some() {
                 core.ask_root(ask.key.clone(), ask.limit, *answer);
             }
@@ -346,6 +363,7 @@ impl Core {
             cut: false,
         };
         for (answer, take) in answers.iter().zip(&takes) {
+            self.saw(&take.key, answer);
             if answer.units > 0 {
                 out.taken.push((take.key.clone(), answer.units, *answer));
             }
@@ -513,11 +531,46 @@ impl Core {
         let mut known = self.known.lock();
         if known.len() >= MAX_KNOWN && !known.contains_key(key) {
             let horizon = now.saturating_sub(super::pool::KEEP);
-            known.retain(|_, (_, seen)| *seen > horizon);
+            known.retain(|_, k| k.seen > horizon);
             if known.len() >= MAX_KNOWN {
                 return;
             }
         }
-        known.insert(key.clone(), (*limit, now));
+        let entry = known.entry(key.clone()).or_insert(Known {
+            limit: *limit,
+            seen: now,
+            free: 0,
+            ends_at: 0,
+        });
+        entry.limit = *limit;
+        entry.seen = now;
+    }
+
+    /// What a pool answered, for `/rlconfig`.
+    fn saw(&self, key: &super::CounterKey, answer: &PoolAnswer) {
+        let now = self.clock.now();
+        if let Some(known) = self.known.lock().get_mut(key) {
+            known.free = answer.free;
+            known.ends_at = now.saturating_add(answer.until.saturating_sub(answer.now));
+        }
+    }
+
+    /// The pools with the most free units, as last answered.
+    fn top_pools(&self) -> Vec<options::PoolView> {
+        let now = self.clock.now();
+        let mut pools: Vec<options::PoolView> = self
+            .known
+            .lock()
+            .iter()
+            .filter(|(_, k)| k.ends_at > now)
+            .map(|(key, k)| options::PoolView {
+                key: key.to_string(),
+                free: k.free,
+                ends_in: k.ends_at - now,
+            })
+            .collect();
+        pools.sort_by(|a, b| b.free.cmp(&a.free).then_with(|| a.key.cmp(&b.key)));
+        pools.truncate(LISTED_POOLS);
+        pools
     }
 }

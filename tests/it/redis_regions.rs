@@ -363,6 +363,13 @@ async fn root_calls_are_per_region_lease_period_not_per_request() {
         "figures: far from the limit, {requests} requests in 3 regions over {run:?}: {calls} script calls at the root ({:.4} a request), {total} admitted",
         calls as f64 / requests as f64
     );
+    // `/rlconfig` lists the region's live pools as the instance last saw them.
+    let near = regions[0]._instances[0].http.parse().unwrap();
+    let (_, rlconfig) = crate::common::http_get(near, "/rlconfig").await.unwrap();
+    assert!(
+        rlconfig.contains("# pool: g|k=big|3600s:fw|global: "),
+        "{rlconfig}"
+    );
     // Only a new key's first round trips in each region are refused.
     assert!(total as usize > requests * 9 / 10);
     // Per region and 2 s region lease period: an ask, a count of regions, and a few more

@@ -81,4 +81,17 @@ pub struct RegionStatus {
     pub round_trip: Micros,
     /// Global counters this instance knows of.
     pub pools: u64,
+    /// The pools with the most free units, as this instance last saw them.
+    pub top: Vec<PoolView>,
+}
+
+/// A region's pool as an instance last saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolView {
+    /// The global counter's key.
+    pub key: String,
+    /// Free units.
+    pub free: u64,
+    /// Time until the pool ends (µs).
+    pub ends_in: Micros,
 }

@@ -193,8 +193,11 @@ impl Core {
         let horizon = now.saturating_sub(crate::store::pool::KEEP);
         let known: Vec<(CounterKey, Limit)> = {
             let mut known = self.known.lock();
-            known.retain(|_, (_, seen)| *seen > horizon);
-            known.iter().map(|(k, (l, _))| (k.clone(), *l)).collect()
+            known.retain(|_, k| k.seen > horizon);
+            known
+                .iter()
+                .map(|(key, k)| (key.clone(), k.limit))
+                .collect()
         };
         // Idle: no instance took units for a lease period (one holding a block comes back
         // within it) and a quarter region lease period.
