@@ -529,3 +529,46 @@ async fn a_cut_region_admits_what_it_holds_then_denies_while_the_others_carry_on
         "{status:?}"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_with_a_regional_counter_loses_none_of_its_units_in_a_cut() {
+    let planet = planet(&[1]);
+    let instance = &planet.regions[0].instances[0];
+    let global = limit(1000, WINDOW, Algorithm::FixedWindow, 1000);
+    let per_user = limit(100, WINDOW, Algorithm::FixedWindow, 100);
+    let user = |hits| CounterOp {
+        consistency: Consistency::Leased,
+        failure_mode: FailureMode::Allow,
+        ..counters::op("model", [("user", "u")], per_user, hits, Role::Enforce)
+    };
+    let both = || batch(vec![op(&global, 1, FailureMode::Allow), user(1)]);
+    let mut admitted = 0u64;
+    // Cut off from the start: the global counter's pool never fills, its failure mode
+    // (allow) answers; the user's counter is the region's own and leases as usual.
+    planet.regions[0].link.state.lock().cut = true;
+    for _ in 0..60 {
+        let applied = instance.leased.apply(&both()).await.unwrap();
+        if applied.decisions[1].allowed && applied.admitted {
+            admitted += 1;
+        }
+        settle().await;
+        planet.clock.advance(50_000);
+        sweep(&planet).await;
+        settle().await;
+    }
+    // Then the user's counter alone, until its instance is refused with nothing in hand:
+    // every unit its leases took was admitted, whatever the global counter's calls did.
+    let mut refused = 0;
+    while refused < 2 {
+        let applied = instance.leased.apply(&batch(vec![user(1)])).await.unwrap();
+        if applied.admitted {
+            admitted += 1;
+            refused = 0;
+        } else {
+            refused += 1;
+            planet.clock.advance(300_000);
+        }
+        assert!(admitted <= 100, "more than the limit");
+    }
+    assert_eq!(admitted, 100);
+}
