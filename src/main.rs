@@ -86,31 +86,13 @@ async fn run() -> ExitCode {
             region_lease_period,
             root_deadline,
         } => {
-            let options = config::LoadOptions {
-                merge_domains: merge_domain_config,
+            let region = sluice::store::RegionOptions {
+                period: region_lease_period,
+                lease_period,
+                root_deadline,
+                ..Default::default()
             };
-            match config::load_dir_within(&dir, options, sluice::source::LOAD_DEADLINE) {
-                Ok(loaded) => {
-                    for warning in loaded.policy.warnings() {
-                        eprintln!("warning: {warning}");
-                    }
-                    let region = sluice::store::RegionOptions {
-                        period: region_lease_period,
-                        lease_period,
-                        root_deadline,
-                        ..Default::default()
-                    };
-                    for line in global_bounds(&loaded.policy, &region) {
-                        let _ = writeln!(std::io::stdout(), "{line}");
-                    }
-                    let _ = writeln!(std::io::stdout(), "all rate limit configs ok");
-                    ExitCode::SUCCESS
-                }
-                Err(errors) => {
-                    errors.iter().for_each(|e| eprintln!("{e}"));
-                    ExitCode::FAILURE
-                }
-            }
+            validate(&dir, merge_domain_config, &region)
         }
         Command::Check(args) => match check::run(args).await {
             Ok(check::Answer::Ok) => ExitCode::SUCCESS,
@@ -243,6 +225,32 @@ fn tool_error(e: ToolError) -> ExitCode {
     match e {
         ToolError::Usage(_) => ExitCode::from(EX_USAGE),
         ToolError::Rpc(_) => ExitCode::FAILURE,
+    }
+}
+
+/// `sluice validate`: every error, or the warnings, each global limit's bounds (with the
+/// periods of `region`) and "ok".
+fn validate(
+    dir: &std::path::Path,
+    merge_domains: bool,
+    region: &sluice::store::RegionOptions,
+) -> ExitCode {
+    let options = config::LoadOptions { merge_domains };
+    match config::load_dir_within(dir, options, sluice::source::LOAD_DEADLINE) {
+        Ok(loaded) => {
+            for warning in loaded.policy.warnings() {
+                eprintln!("warning: {warning}");
+            }
+            for line in global_bounds(&loaded.policy, region) {
+                let _ = writeln!(std::io::stdout(), "{line}");
+            }
+            let _ = writeln!(std::io::stdout(), "all rate limit configs ok");
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            errors.iter().for_each(|e| eprintln!("{e}"));
+            ExitCode::FAILURE
+        }
     }
 }
 

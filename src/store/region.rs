@@ -238,27 +238,7 @@ impl Regions {
             return core.region.lease(asks).await;
         }
         core.start();
-        let ops: Vec<PoolOp> = global
-            .iter()
-            .map(|&i| {
-                let ask = &asks[i];
-                match ask.take {
-                    Take::Lease(a) => {
-                        let demand = core.refused_demand(a.want);
-                        let amounts = (a.want, a.need.max(1), demand);
-                        core.take_op(ask.key.clone(), &ask.limit, amounts, a.instances)
-                    }
-                    Take::GiveBack { units, guard } => PoolOp {
-                        key: ask.key.clone(),
-                        kind: PoolKind::Return {
-                            units,
-                            generation: ask.report.epoch,
-                            guard,
-                        },
-                    },
-                }
-            })
-            .collect();
+        let ops: Vec<PoolOp> = global.iter().map(|&i| core.pool_op(&asks[i])).collect();
         let answers = core.region.pool(&ops).await?;
         let mut cut = false;
         let mut taken = Vec::new();
@@ -405,6 +385,25 @@ impl Core {
             ask_ttl: 2 * micros(self.options.root_deadline),
             window,
             floor: floor.min(limit.requests as u128) as u64,
+        }
+    }
+
+    /// The pool operation of a block's lease or hand-back.
+    fn pool_op(&self, ask: &LeaseAsk) -> PoolOp {
+        match ask.take {
+            Take::Lease(a) => {
+                let demand = self.refused_demand(a.want);
+                let amounts = (a.want, a.need.max(1), demand);
+                self.take_op(ask.key.clone(), &ask.limit, amounts, a.instances)
+            }
+            Take::GiveBack { units, guard } => PoolOp {
+                key: ask.key.clone(),
+                kind: PoolKind::Return {
+                    units,
+                    generation: ask.report.epoch,
+                    guard,
+                },
+            },
         }
     }
 

@@ -382,6 +382,28 @@ impl Resilient {
             within(self.options.background_limit(), what, call).await
         })
     }
+
+    /// `call` within `deadline`, counted by the breaker like a request's; while the breaker
+    /// is open, an error at once.
+    fn counted<'a, T: Send + 'a>(
+        &'a self,
+        deadline: Duration,
+        what: &'static str,
+        call: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            if shared.breaker.is_open() {
+                return Err(StoreError::Unavailable("circuit breaker open".into()));
+            }
+            let result = within(deadline, what, call).await;
+            match &result {
+                Ok(_) => shared.breaker.succeeded(),
+                Err(error) => Core::failed(shared, error),
+            }
+            result
+        })
+    }
 }
 
 impl Shared for Resilient {
@@ -389,24 +411,13 @@ impl Shared for Resilient {
     /// is open, an error at once (the leasing layer answers by the failure mode then).
     /// Hand-backs get the background limit: nobody waits for them.
     fn lease<'a>(&'a self, asks: &'a [LeaseAsk]) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
-        Box::pin(async move {
-            let shared = &self.shared;
-            if shared.breaker.is_open() {
-                return Err(StoreError::Unavailable("circuit breaker open".into()));
-            }
-            let background = asks.iter().all(|a| matches!(a.take, Take::GiveBack { .. }));
-            let deadline = if background {
-                self.options.background_limit()
-            } else {
-                self.options.deadline
-            };
-            let result = within(deadline, "the lease", shared.primary.lease(asks)).await;
-            match &result {
-                Ok(_) => shared.breaker.succeeded(),
-                Err(error) => Core::failed(shared, error),
-            }
-            result
-        })
+        let background = asks.iter().all(|a| matches!(a.take, Take::GiveBack { .. }));
+        let deadline = if background {
+            self.options.background_limit()
+        } else {
+            self.options.deadline
+        };
+        self.counted(deadline, "the lease", self.shared.primary.lease(asks))
     }
 
     /// A take within the request deadline, the rest within the background one; an open
@@ -415,26 +426,15 @@ impl Shared for Resilient {
         &'a self,
         ops: &'a [super::PoolOp],
     ) -> BoxFuture<'a, Result<Vec<super::PoolAnswer>, StoreError>> {
-        Box::pin(async move {
-            let shared = &self.shared;
-            if shared.breaker.is_open() {
-                return Err(StoreError::Unavailable("circuit breaker open".into()));
-            }
-            let takes = ops
-                .iter()
-                .any(|op| matches!(op.kind, super::pool::PoolKind::Take { .. }));
-            let deadline = if takes {
-                self.options.deadline
-            } else {
-                self.options.background_limit()
-            };
-            let result = within(deadline, "the pools", shared.primary.pool(ops)).await;
-            match &result {
-                Ok(_) => shared.breaker.succeeded(),
-                Err(error) => Core::failed(shared, error),
-            }
-            result
-        })
+        let takes = ops
+            .iter()
+            .any(|op| matches!(op.kind, super::pool::PoolKind::Take { .. }));
+        let deadline = if takes {
+            self.options.deadline
+        } else {
+            self.options.background_limit()
+        };
+        self.counted(deadline, "the pools", self.shared.primary.pool(ops))
     }
 
     fn instances<'a>(

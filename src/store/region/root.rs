@@ -60,37 +60,23 @@ impl Core {
         // The root counts the regions that asked within three region lease periods: this
         // one says so once a period, alongside an ask; before its first ask, on its own,
         // so that the first ask is not sized as if this region were alone.
-        let within = 3 * self.options.period;
-        let counted_at = self.counted_at.load(Ordering::Relaxed);
-        if counted_at == 0 {
-            let count = self.root_call(self.root.instances(&self.options.region, within));
-            if let Ok(n) = count.await {
-                self.regions.store(n.max(1), Ordering::Relaxed);
-                self.counted_at.store(started.max(1), Ordering::Relaxed);
-            }
-        }
-        let count = started.saturating_sub(self.counted_at.load(Ordering::Relaxed)) >= self.period;
-        if count {
+        if self.counted_at.load(Ordering::Relaxed) == 0 && self.count_regions().await {
             self.counted_at.store(started.max(1), Ordering::Relaxed);
         }
-        let (regions, grants) = futures_util::future::join(
+        let due = started.saturating_sub(self.counted_at.load(Ordering::Relaxed)) >= self.period;
+        if due {
+            self.counted_at.store(started.max(1), Ordering::Relaxed);
+        }
+        let (_, grants) = futures_util::future::join(
             async {
-                if count {
-                    Some(
-                        self.root_call(self.root.instances(&self.options.region, within))
-                            .await,
-                    )
-                } else {
-                    None
+                if due {
+                    self.count_regions().await;
                 }
             },
             self.root_call(self.root.lease(std::slice::from_ref(&lease))),
         )
         .await;
         let elapsed = self.clock.now().saturating_sub(started);
-        if let Some(Ok(n)) = regions {
-            self.regions.store(n.max(1), Ordering::Relaxed);
-        }
         let retry = |after: Micros| answer.now + elapsed + after.min(self.period / 4);
         let install = match grants.map(|g| g.first().copied()) {
             Ok(Some(grant)) => {
@@ -119,6 +105,21 @@ impl Core {
             // The grant came after its pool would have ended: straight back.
             self.totals.late.fetch_add(late.units, Ordering::Relaxed);
             self.hand_back(&[(key, limit, late)]).await;
+        }
+    }
+
+    /// Tells the root this region takes leases and learns how many do: whether it answered.
+    async fn count_regions(&self) -> bool {
+        let within = 3 * self.options.period;
+        match self
+            .root_call(self.root.instances(&self.options.region, within))
+            .await
+        {
+            Ok(n) => {
+                self.regions.store(n.max(1), Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
         }
     }
 
