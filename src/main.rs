@@ -287,19 +287,28 @@ fn global_bounds(
                 }
             };
             let held = sluice::store::region::held_at_own_rate(
-                requests,
+                (requests, limit.capacity().max(requests)),
                 limit.window(),
                 region,
                 round_trip,
             );
+            let periods = format!(
+                "with LEASE_PERIOD {:?}, REGION_LEASE_PERIOD {:?} and round trips up to ROOT_DEADLINE {:?}",
+                region.lease_period, region.period, region.root_deadline,
+            );
+            let per = limit.window_name().to_lowercase();
+            if limit.algorithm == sluice::algorithm::Algorithm::TokenBucket {
+                let burst = limit.capacity();
+                lines.push(format!(
+                    "{}: scope: global, token bucket of {requests} per {per}, burst {burst}: {over} (at most the burst plus the rate over any time); a region holds up to about {held} tokens at this rate, and the root, the pools and the blocks never hold more than the burst together: with more regions busy than burst / {held}, they share it and admit less ({periods})",
+                    rule.stats_key,
+                ));
+                continue;
+            }
             lines.push(format!(
-                "{}: scope: global, {requests} per {}: {over}; a region holds at most about {held} units unused at this limit's own rate ({:.1} % of it; under bound: the regions' sum), with LEASE_PERIOD {:?}, REGION_LEASE_PERIOD {:?} and round trips up to ROOT_DEADLINE {:?}",
+                "{}: scope: global, {requests} per {per}: {over}; a region holds at most about {held} units unused at this limit's own rate ({:.1} % of it; under bound: the regions' sum), {periods}",
                 rule.stats_key,
-                limit.window_name().to_lowercase(),
                 held as f64 * 100.0 / requests.max(1) as f64,
-                region.lease_period,
-                region.period,
-                region.root_deadline,
             ));
         }
     }

@@ -1,5 +1,5 @@
 // Why one file: the pool's arithmetic is one state machine that the memory store runs and
-// lua/pool.lua mirrors; its unit tests walk that machine.
+// lua/pool.lua mirrors (its unit tests walk it, in pool/tests.rs).
 //! A region's pool of a global counter (`scope: global`, docs/configuration/leased-quota.md,
 //! "Across regions"): the units the root counter granted this region, which the region's
 //! instances take blocks from, and the state of the region's asks to the root. The pool is
@@ -20,6 +20,15 @@
 //! - Units come back from blocks (guarded by the pool's generation and root window) and go
 //!   back to the root when nobody in the region takes any (withdrawn first, so that no
 //!   instance can take them while they travel).
+//!
+//! A token bucket's pool holds tokens, which the root bucket refills as time passes: a pool
+//! may hold only the tokens the root still counts as taken, or the root and the region would
+//! both admit them. Its free units are the last ones before `full_at` (the root bucket's
+//! arrival time after the pool's last grant, in region time, never late), one emission
+//! interval apart; a token whose time has passed is gone (see [`Pool::alive`]). Takes hand out
+//! the earliest tokens, and a block's tokens end when the last of them does
+//! ([`PoolAnswer::tokens_end`]). The root, the pools and the blocks together never hold more
+//! than the burst.
 
 use crate::algorithm::{Decision, Micros};
 use crate::store::CounterKey;
@@ -27,6 +36,14 @@ use crate::store::CounterKey;
 /// How long a pool's state outlives the pool (its end, its last ask): its rate and its ask
 /// marker still matter for a while.
 pub const KEEP: Micros = 60_000_000;
+
+/// The longest time ahead a token bucket's pool counts its tokens over (30 days): with it,
+/// the arithmetic stays exact in `lua/pool.lua`'s doubles (below 2^53).
+pub const MAX_SPAN: Micros = 30 * 24 * 3_600 * 1_000_000;
+
+/// The longest emission interval a token bucket's pool counts with (ns; about 11 days a
+/// token): see [`MAX_SPAN`].
+pub const MAX_INTERVAL: u64 = 1_000_000_000_000_000;
 
 /// One operation on a region's pool.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +73,8 @@ pub enum PoolKind {
         timing: Timing,
     },
     /// A block's unused units back, if the pool is still the one (`generation`) of the root
-    /// window (`guard`) they came from.
+    /// window (`guard`) they came from. A token bucket's pool takes back only the units of
+    /// the take that left it as it is (`guard`: its [`PoolAnswer::mark`]), to where they were.
     Return {
         /// Units handed back.
         units: u64,
@@ -100,8 +118,12 @@ pub struct Timing {
 pub struct Install {
     /// Units granted (0: refused, or the call failed).
     pub units: u64,
-    /// The root window's start, root time.
+    /// The root window's start, root time; a token bucket's arrival time after the grant
+    /// (root time: the root's time of its answer plus its time until full).
     pub guard: Micros,
+    /// A token bucket's emission interval in nanoseconds, rounded up (at most
+    /// [`MAX_INTERVAL`]); 0 for a fixed or sliding window.
+    pub interval: u64,
     /// The root's epoch (the learning rule).
     pub epoch: Micros,
     /// Region time when the ask was made (its [`PoolAnswer::now`]).
@@ -114,7 +136,9 @@ pub struct Install {
     pub left: Micros,
     /// The pool's `used` the ask reported (see [`RootAsk::used`]).
     pub reported: u64,
-    /// When no unit came: region time before which nobody asks again.
+    /// Region time before which nobody asks again (0: anyone may): when no unit came, and
+    /// when a token bucket's root had fewer than asked (the regions share its refill: a
+    /// region near the root, asking again at once, would take nearly all of it).
     pub retry_at: Micros,
     /// Whether the root did not answer (the pool then says so to its takers).
     pub failed: bool,
@@ -137,8 +161,15 @@ pub struct PoolAnswer {
     pub guard: Micros,
     /// The root's epoch of the pool's units.
     pub epoch: Micros,
-    /// The pool's generation: region time it was made (0: none).
+    /// The pool's generation: region time it was made (0: none); a token bucket's pool
+    /// takes a new one at each grant.
     pub generation: Micros,
+    /// A token bucket's pool: what a [`PoolKind::Return`] of the units this operation took
+    /// must name as its guard (the pool's `used` after it).
+    pub mark: u64,
+    /// A token bucket's pool: region time its first free token ends, which is when the
+    /// units this operation took end at the latest (0: not a token bucket's pool).
+    pub tokens_end: Micros,
     /// Whether the root's last answer failed (a cut-off region).
     pub root_failed: bool,
     /// Whether an ask to the root is in flight.
@@ -194,6 +225,13 @@ pub struct Pool {
     pub failed: bool,
     /// Region time of the last take of units.
     pub last_take: Micros,
+    /// A token bucket's emission interval (ns); 0 for a window's pool.
+    pub interval: u64,
+    /// A token bucket's pool: region time its last token ends.
+    pub full_at: Micros,
+    /// A token bucket's pool: units of its last grant, the most a hand-back returns (they
+    /// are the root bucket's last tokens, while its arrival time is the pool's guard).
+    pub last_grant: u64,
 }
 
 impl Pool {
@@ -203,6 +241,7 @@ impl Pool {
         if self.keep_until() <= now {
             *self = Pool::default();
         }
+        self.evaporate(now);
         let mut answer = match *kind {
             PoolKind::Take {
                 want,
@@ -217,7 +256,12 @@ impl Pool {
                 guard,
             } => {
                 let mut back = 0;
-                if generation == self.generation && guard == self.guard && self.generation != 0 {
+                let current = if self.interval > 0 {
+                    guard == self.used
+                } else {
+                    guard == self.guard
+                };
+                if generation == self.generation && current && self.generation != 0 {
                     back = units.min(self.used);
                     self.used -= back;
                     self.reported = self.reported.min(self.used);
@@ -241,6 +285,12 @@ impl Pool {
         answer.guard = self.guard;
         answer.epoch = self.epoch;
         answer.generation = self.generation;
+        answer.mark = self.used;
+        answer.tokens_end = if self.interval > 0 && self.generation != 0 {
+            self.front()
+        } else {
+            0
+        };
         answer.root_failed = self.failed;
         answer.asking = now < self.asking_until;
         answer
@@ -248,11 +298,49 @@ impl Pool {
 
     /// Free units at `now`.
     pub fn free(&self, now: Micros) -> u64 {
-        if now < self.until {
-            self.granted - self.used
-        } else {
+        if now >= self.until {
             0
+        } else if self.interval > 0 {
+            (self.granted - self.used).min(self.alive(now))
+        } else {
+            self.granted - self.used
         }
+    }
+
+    /// A token bucket's pool: how many of its last tokens end after `t`: those before
+    /// `full_at`, one interval apart, counted over [`MAX_SPAN`] at most.
+    pub fn alive(&self, t: Micros) -> u64 {
+        if t >= self.full_at || self.interval == 0 {
+            return 0;
+        }
+        let span = (self.full_at - t).min(MAX_SPAN) as u128;
+        (span * 1_000 / self.interval as u128) as u64
+    }
+
+    /// A token bucket's pool: its free tokens whose time has passed are gone (taken, not
+    /// admitted: not reported).
+    fn evaporate(&mut self, now: Micros) {
+        if self.interval == 0 || self.generation == 0 {
+            return;
+        }
+        let free = self.granted - self.used;
+        let alive = self.alive(now);
+        if free > alive {
+            let gone = free - alive;
+            self.used += gone;
+            self.reported = (self.reported + gone).min(self.used);
+        }
+    }
+
+    /// A token bucket's pool: region time its first free token ends (rounded down).
+    fn front(&self) -> Micros {
+        self.full_at - self.span(self.granted - self.used).min(self.full_at)
+    }
+
+    /// The time `tokens` intervals take (µs, rounded up).
+    fn span(&self, tokens: u64) -> Micros {
+        let ns = tokens as u128 * self.interval as u128;
+        ns.div_ceil(1_000).min(u64::MAX as u128) as Micros
     }
 
     /// Until when the pool's state matters: past its end, the region's rate and the marker
@@ -304,7 +392,10 @@ impl Pool {
         let low_water = (rate * timing.lead as f64).ceil() as u64;
         let left = free - units;
         let window_end = (self.guard + timing.window).saturating_add_signed(-self.offset);
-        let ending = now.saturating_add(timing.lead) >= self.until && self.until < window_end;
+        // (A window's pool that ends with its window asks at the next window's first take;
+        // a token bucket has no window.)
+        let ending = now.saturating_add(timing.lead) >= self.until
+            && (self.interval > 0 || self.until < window_end);
         if units > 0 && left >= low_water.max(1) && !ending {
             return answer;
         }
@@ -324,11 +415,7 @@ impl Pool {
     }
 
     fn install(&mut self, install: &Install, now: Micros) -> PoolAnswer {
-        self.asking_until = if install.units > 0 {
-            0
-        } else {
-            install.retry_at
-        };
+        self.asking_until = install.retry_at;
         self.failed = install.failed;
         if install.failed {
             return PoolAnswer::default();
@@ -336,9 +423,11 @@ impl Pool {
         let ends = install.asked_at.saturating_add(install.left);
         // The same pool while the root window and epoch are: an ended one comes back with
         // what it still had free (counted at the root, never admitted), and blocks taken
-        // from it can still give back to it.
-        let same =
-            self.generation != 0 && self.guard == install.guard && self.epoch == install.epoch;
+        // from it can still give back to it. A token bucket's: while the root's epoch is.
+        let same = self.generation != 0
+            && self.epoch == install.epoch
+            && self.interval == install.interval
+            && (install.interval > 0 || self.guard == install.guard);
         if same {
             self.reported = self.reported.max(install.reported).min(self.used);
         }
@@ -357,7 +446,10 @@ impl Pool {
                 ..PoolAnswer::default()
             };
         }
-        if same {
+        if same && install.interval > 0 {
+            self.add_tokens(install, now);
+            self.until = self.until.max(ends);
+        } else if same {
             self.granted += install.units;
             self.until = self.until.max(ends);
             self.offset = self.offset.max(install.offset);
@@ -373,13 +465,60 @@ impl Pool {
                 reported: 0,
                 failed: false,
                 asking_until: 0,
+                interval: install.interval,
+                full_at: install.guard.saturating_add_signed(-install.offset),
+                last_grant: install.units,
                 ..*self
             };
+            // (Tokens whose time passed while the grant travelled are gone.)
+            self.evaporate(now);
         }
         PoolAnswer {
             units: install.units,
             ..PoolAnswer::default()
         }
+    }
+
+    /// A token bucket's grant into its pool: its tokens end at the root's arrival time (in
+    /// region time, with the pool's offset, the larger of the two, so that the old tokens
+    /// and the new are placed alike and never late). The free tokens stay one run before
+    /// `full_at`, never moved later:
+    /// - the old run ends at or after the new one begins (the root charged nobody between
+    ///   the two grants): one run up to the new end, the old tokens where they were or
+    ///   earlier;
+    /// - else a gap, which another region's charge at the root fills: the new tokens move
+    ///   back to follow the old ones (ending earlier by the gap) when the gap is shorter
+    ///   than the old run, else the old tokens are dropped. Either loses at most the shorter
+    ///   of the two (under, never over).
+    ///
+    /// A new generation: units taken before it no longer come back (their place moved).
+    fn add_tokens(&mut self, install: &Install, now: Micros) {
+        let offset = self.offset.max(install.offset);
+        self.full_at = self
+            .full_at
+            .saturating_sub(offset.abs_diff(self.offset).min(self.full_at));
+        self.offset = offset;
+        self.evaporate(now);
+        let old = self.granted - self.used;
+        let new_end = install.guard.saturating_add_signed(-offset);
+        let new_start = new_end.saturating_sub(self.span(install.units));
+        let (full_at, kept) = if old == 0 || self.full_at >= new_start {
+            (new_end, old)
+        } else if new_start - self.full_at <= self.span(old) {
+            let floor = (install.units as u128 * self.interval as u128 / 1_000) as Micros;
+            (self.full_at.saturating_add(floor).min(new_end), old)
+        } else {
+            (new_end, 0)
+        };
+        let dropped = old - kept;
+        self.used += dropped;
+        self.reported = (self.reported + dropped).min(self.used);
+        self.granted += install.units;
+        self.full_at = full_at;
+        self.guard = install.guard;
+        self.last_grant = install.units;
+        self.generation = now.max(self.generation + 1);
+        self.evaporate(now);
     }
 
     fn withdraw(&mut self, idle: Micros, now: Micros) -> PoolAnswer {
@@ -390,13 +529,21 @@ impl Pool {
             return PoolAnswer::default();
         }
         // (With nothing free, only the report: what was taken since the last one, which a
-        // root wiped under this pool must charge.)
+        // root wiped under this pool must charge.) A token bucket's pool hands back its
+        // last grant's tokens at most: the root bucket's last ones; the others go with
+        // their time.
+        let units = if self.interval > 0 {
+            free.min(self.last_grant)
+        } else {
+            free
+        };
         self.used = self.granted;
         self.reported = self.used;
+        self.last_grant = 0;
         PoolAnswer {
-            units: free,
+            units,
             ask: Some(RootAsk {
-                units: free,
+                units,
                 epoch: self.epoch,
                 admitted: unreported,
                 used: self.used,
@@ -411,7 +558,9 @@ impl PoolAnswer {
     /// The answer to a take, as a counter's decision: allowed when units came; what is left
     /// of the root window; a refusal retried after `retry`.
     pub fn decision(&self, window: Micros, retry: Micros) -> Decision {
-        let reset_after = if self.generation == 0 {
+        let reset_after = if self.tokens_end > 0 {
+            self.tokens_end.saturating_sub(self.now)
+        } else if self.generation == 0 {
             window - self.root_now % window.max(1)
         } else {
             (self.guard + window).saturating_sub(self.root_now)
@@ -427,107 +576,4 @@ impl PoolAnswer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const TIMING: Timing = Timing {
-        lead: 100_000,
-        period: 2_000_000,
-        ask_ttl: 2_000_000,
-        window: 60_000_000,
-        floor: 1,
-    };
-
-    fn take(pool: &mut Pool, want: u64, need: u64, now: Micros) -> PoolAnswer {
-        pool.apply(
-            &PoolKind::Take {
-                want,
-                need,
-                instances: 1,
-                demand: 0,
-                timing: TIMING,
-            },
-            now,
-        )
-    }
-
-    fn grant(units: u64, asked_at: Micros) -> PoolKind {
-        PoolKind::Install(Install {
-            units,
-            guard: 60_000_000,
-            epoch: 7,
-            asked_at,
-            offset: 1_000,
-            left: 2_000_000,
-            ..Install::default()
-        })
-    }
-
-    #[test]
-    fn an_empty_pool_refuses_and_makes_one_caller_ask_the_root() {
-        let mut pool = Pool::default();
-        let first = take(&mut pool, 5, 1, 61_000_000);
-        assert_eq!(first.units, 0);
-        assert_eq!(first.ask.map(|a| a.units), Some(1));
-        let second = take(&mut pool, 5, 1, 61_000_001);
-        assert!(second.ask.is_none() && second.asking);
-        let installed = pool.apply(&grant(10, 61_000_000), 61_050_000);
-        assert_eq!(installed.units, 10);
-        assert_eq!(take(&mut pool, 5, 1, 61_050_000).units, 5);
-        // The pool ends a region lease period after the ask, timed from before it.
-        assert_eq!(take(&mut pool, 1, 1, 63_000_000).units, 0);
-    }
-
-    #[test]
-    fn a_grant_after_its_pool_would_have_ended_goes_back() {
-        let mut pool = Pool::default();
-        take(&mut pool, 5, 1, 61_000_000);
-        let late = pool.apply(&grant(10, 61_000_000), 63_000_000);
-        assert_eq!(late.units, 0);
-        assert_eq!(late.ask.map(|a| a.units), Some(10));
-        assert_eq!(pool.free(63_000_000), 0);
-    }
-
-    #[test]
-    fn returns_and_withdrawals_are_guarded() {
-        let mut pool = Pool::default();
-        take(&mut pool, 5, 1, 61_000_000);
-        pool.apply(&grant(10, 61_000_000), 61_000_100);
-        let taken = take(&mut pool, 4, 4, 61_000_200);
-        assert_eq!(taken.units, 4);
-        let stale = PoolKind::Return {
-            units: 4,
-            generation: taken.generation + 1,
-            guard: taken.guard,
-        };
-        assert_eq!(pool.apply(&stale, 61_000_300).units, 0);
-        let back = PoolKind::Return {
-            units: 4,
-            generation: taken.generation,
-            guard: taken.guard,
-        };
-        assert_eq!(pool.apply(&back, 61_000_300).units, 4);
-        // Idle for less than asked: nothing withdrawn; then all of it, once (the units taken
-        // came back: nothing to report).
-        let idle = PoolKind::Withdraw { idle: 500_000 };
-        assert_eq!(pool.apply(&idle, 61_100_000).units, 0);
-        let out = pool.apply(&idle, 61_600_000);
-        assert_eq!(out.units, 10);
-        assert_eq!(out.ask.map(|a| (a.units, a.admitted)), Some((10, 0)));
-        assert_eq!(pool.apply(&idle, 61_600_001).units, 0);
-    }
-
-    #[test]
-    fn a_failed_ask_says_so_and_a_refusal_waits_before_asking_again() {
-        let mut pool = Pool::default();
-        take(&mut pool, 5, 1, 61_000_000);
-        let failed = PoolKind::Install(Install {
-            failed: true,
-            retry_at: 61_500_000,
-            ..Install::default()
-        });
-        assert!(pool.apply(&failed, 61_000_100).root_failed);
-        assert!(take(&mut pool, 5, 1, 61_100_000).ask.is_none());
-        assert!(take(&mut pool, 5, 1, 61_500_000).ask.is_some());
-    }
-}
+mod tests;

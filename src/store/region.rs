@@ -517,7 +517,12 @@ impl Core {
                 kind: PoolKind::Return {
                     units,
                     generation: answer.generation,
-                    guard: answer.guard,
+                    // (A token bucket's pool: the take's mark.)
+                    guard: if answer.tokens_end > 0 {
+                        answer.mark
+                    } else {
+                        answer.guard
+                    },
                 },
             })
             .collect();

@@ -372,7 +372,7 @@ fn the_shipped_configs_validate() {
 
 #[test]
 fn validate_warns_of_a_global_rule_that_fails_open_in_a_cut_off_region() {
-    let yaml = "domain: g\ndescriptors:\n  - key: tenant\n    scope: global\n    rate_limit: {unit: minute, requests_per_unit: 600000}\n  - key: team\n    scope: global\n    failure_mode: deny\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
+    let yaml = "domain: g\ndescriptors:\n  - key: tenant\n    scope: global\n    rate_limit: {unit: minute, requests_per_unit: 600000}\n  - key: team\n    scope: global\n    failure_mode: deny\n    rate_limit: {unit: minute, requests_per_unit: 60}\n  - key: bucket\n    scope: global\n    failure_mode: deny\n    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket, burst: 500}\n";
     let dir = crate::common::config_dir("cli-validate-global", &[("g.yaml", yaml)]);
     let output = sluice(&["validate", dir.to_str().unwrap()]);
     succeeded(&output, "validate");
@@ -394,6 +394,12 @@ fn validate_warns_of_a_global_rule_that_fails_open_in_a_cut_off_region() {
     assert!(
         stdout.contains("g.tenant: scope: global, 600000 per minute: never over while the regions reach the root; a cut region fails open")
             && stdout.contains("holds at most about 55000 units"),
+        "{stdout}"
+    );
+    // A token bucket's: the burst bounds what the levels hold together (100 a second: 250
+    // low water, 200 asked, 100 in blocks).
+    assert!(
+        stdout.contains("g.bucket: scope: global, token bucket of 100 per second, burst 500: never over (at most the burst plus the rate over any time); a region holds up to about 500 tokens"),
         "{stdout}"
     );
 }

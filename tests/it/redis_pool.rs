@@ -42,10 +42,16 @@ fn kind() -> impl Strategy<Value = PoolKind> {
                 guard: u64::from(!guard),
             }
         }),
-        2 => (0u64..100, 0u64..2, 0u64..3 * SECOND, any::<bool>(), 0i64..5_000)
-            .prop_map(|(units, epoch, left, failed, offset)| PoolKind::Install(Install {
+        2 => (
+            (0u64..100, prop_oneof![4 => Just(1u64), 1 => Just(0)], 0u64..3 * SECOND, prop_oneof![4 => Just(false), 1 => Just(true)], 0i64..5_000),
+            prop_oneof![Just(0u64), Just(10_000_000u64), Just(3_333_334)],
+            0u64..5 * SECOND,
+        )
+            .prop_map(|((units, epoch, left, failed, offset), interval, full_in)| PoolKind::Install(Install {
                 units,
-                guard: 0,
+                // A token bucket's time until full (made its arrival time in `place`).
+                guard: full_in,
+                interval,
                 epoch,
                 asked_at: 0,
                 offset,
@@ -69,8 +75,24 @@ fn place(kind: PoolKind, last: &sluice::store::PoolAnswer, now: Micros) -> PoolK
         } => PoolKind::Return {
             units,
             generation: if generation == 0 { last.generation } else { 1 },
-            guard: if guard == 0 { last.guard } else { 1 },
+            guard: match (guard, last.tokens_end > 0) {
+                (0, false) => last.guard,
+                (0, true) => last.mark,
+                _ => 1,
+            },
         },
+        PoolKind::Install(install) if install.interval > 0 => {
+            // A token bucket's: its arrival time after the grant, at least the units' time.
+            let root_now = now + install.offset as Micros;
+            let units_time = install.units * install.interval / 1_000;
+            PoolKind::Install(Install {
+                guard: root_now + units_time + install.guard,
+                asked_at: now.saturating_sub(install.left / 3),
+                reported: last.free / 2,
+                retry_at: now + SECOND / 4,
+                ..install
+            })
+        }
         PoolKind::Install(install) => {
             let root_now = now + install.offset as Micros;
             PoolKind::Install(Install {
@@ -94,7 +116,7 @@ fn the_pool_script_answers_what_the_memory_store_does() {
         .build()
         .unwrap();
     let mut runner = TestRunner::new(Config {
-        cases: 48,
+        cases: 96,
         failure_persistence: None,
         ..Config::default()
     });

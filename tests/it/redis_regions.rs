@@ -26,9 +26,13 @@ use crate::faults::{Sent, drive};
 /// The budget: one key, an hour's window (no window boundary inside a run).
 const LIMIT: u64 = 1500;
 
+/// The token bucket: a rate a second and its burst.
+const RATE: u64 = 100;
+const BURST: u64 = 300;
+
 fn yaml() -> String {
     format!(
-        "domain: g\ndescriptors:\n  - key: k\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}}}\n  - key: k\n    value: cut\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: 4000}}\n  - key: k\n    value: slide\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: sliding_window}}\n  - key: k\n    value: big\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: 1000000}}\n"
+        "domain: g\ndescriptors:\n  - key: k\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}}}\n  - key: k\n    value: cut\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: 4000}}\n  - key: k\n    value: slide\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: sliding_window}}\n  - key: k\n    value: big\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: hour, requests_per_unit: 1000000}}\n  - key: k\n    value: bucket\n    scope: global\n    failure_mode: deny\n    rate_limit: {{unit: second, requests_per_unit: {RATE}, algorithm: token_bucket, burst: {BURST}}}\n"
     )
 }
 
@@ -395,6 +399,64 @@ async fn a_sliding_window_across_regions_admits_the_limit_and_no_more() {
     }
     assert!(total <= LIMIT, "{total} admitted of {LIMIT}");
     assert!(total >= LIMIT - LIMIT / 20, "{total} admitted of {LIMIT}");
+}
+
+/// A global token bucket: over any stretch of time the planet admits at most the burst plus
+/// the rate, and with demand at 4.5 times the rate in every region, nearly that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_bucket_across_regions_admits_its_burst_and_rate_and_no_more() {
+    let root = RedisServer::start();
+    let regions = planet("regions-bucket", &root, [0, 40, 75]).await;
+    let histories = load(&regions, "bucket", 150, Duration::from_secs(8), |_| {}).await;
+    let per_region: Vec<u64> = histories.iter().map(|h| admitted(h)).collect();
+    for history in &histories {
+        assert_eq!(errors(history), 0);
+    }
+    // Each admitted request was decided between its sending and its answer (wall clock, µs).
+    let mut ok: Vec<(u64, u64)> = histories
+        .iter()
+        .flatten()
+        .filter(|s| s.answer == "OK")
+        .map(|s| s.wall)
+        .collect();
+    ok.sort();
+    let longest = ok
+        .iter()
+        .map(|(sent, answered)| answered - sent)
+        .max()
+        .unwrap_or(0);
+    let per_micro = RATE as f64 / 1e6;
+    let mut worst = 0.0f64;
+    for i in 0..ok.len() {
+        for j in i..ok.len() {
+            // Requests i..=j were decided within [sent_i, sent_j + the longest answer].
+            let room = BURST as f64 + per_micro * (ok[j].0 - ok[i].0 + longest) as f64;
+            worst = worst.max((j - i + 1) as f64 - room);
+        }
+    }
+    let total: u64 = per_region.iter().sum();
+    let span = ok.last().map_or(0, |l| l.1) - ok.first().map_or(0, |f| f.0);
+    let bound = BURST as f64 + per_micro * span as f64;
+    eprintln!(
+        "figures: a token bucket of {RATE} a second, burst {BURST}, in three regions (0, 80, 150 ms round trips): admitted {per_region:?} = {total} in {:.2} s, of at most {bound:.0}; closest approach to the bound over any stretch: {worst:.1}",
+        span as f64 / 1e6
+    );
+    assert!(
+        worst <= 0.0,
+        "over the burst plus the rate by {worst:.1} over some stretch"
+    );
+    // Under: the root keeps about RATE x REGION_LEASE_PERIOD / 2 while the regions share
+    // its refill (each takes a sixth of what is left every half second), and the regions
+    // hold their pools and blocks.
+    assert!(
+        total as f64 >= 0.75 * bound,
+        "{total} admitted of at most {bound:.0}"
+    );
+    // Every region gets a share: none waits on a nearer one.
+    assert!(
+        per_region.iter().all(|&n| n >= total / 6),
+        "admitted per region {per_region:?}"
+    );
 }
 
 /// With ROOT_WAIT_REPLICAS, a grant counts only once a replica of the root holds it: a root

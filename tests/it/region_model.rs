@@ -426,6 +426,45 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Never over, token buckets: over any stretch of time t, the planet admits at most the
+    /// burst plus what the bucket refills in t (`rate × t`), whatever the regions,
+    /// instances, delays, cuts, lost replies and crashes. (Without root wipes: an empty root
+    /// is a full bucket again, as a flushed store is to exact counting.)
+    #[test]
+    fn token_buckets_never_admit_more_than_burst_plus_rate(
+        requests in prop_oneof![1u64..20, 20u64..2000],
+        burst in prop_oneof![1u64..20, 20u64..2000],
+        seconds in prop_oneof![Just(1u64), Just(10), Just(60)],
+        sizes in proptest::collection::vec(1usize..4, 1..4),
+        waves in waves(),
+    ) {
+        let limit = limit(requests, seconds * SECOND, Algorithm::TokenBucket, burst);
+        let waves: Vec<Wave> = waves
+            .into_iter()
+            .map(|w| match w.fault {
+                Fault::Wipe => Wave { fault: Fault::None, ..w },
+                _ => w,
+            })
+            .collect();
+        let Run { admitted, .. } = run(limit, &sizes, &waves);
+        for (i, &(start, _)) in admitted.iter().enumerate() {
+            let mut total = 0u64;
+            for &(t, hits) in &admitted[i..] {
+                total += hits;
+                let refill = (t - start) as f64 * requests as f64 / limit.window as f64;
+                prop_assert!(
+                    total as f64 <= burst as f64 + refill + 1e-6,
+                    "{total} admitted in {} µs: more than a burst of {burst} plus {refill:.2} refilled",
+                    t - start
+                );
+            }
+        }
+    }
+}
+
 /// Rounds of `per_instance` hits on every instance, the clock moving `step` after each and
 /// the background asks landing between: what each region admitted.
 async fn rounds(
@@ -571,4 +610,22 @@ async fn a_request_with_a_regional_counter_loses_none_of_its_units_in_a_cut() {
         assert!(admitted <= 100, "more than the limit");
     }
     assert_eq!(admitted, 100);
+}
+
+/// A token bucket of 100 a second with a burst of 200, demand at four times the rate in
+/// three regions 0, 80 and 150 ms from the root: over 30 s the planet admits at most the
+/// burst plus the refill (3,200), and nearly all of it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_token_bucket_across_regions_admits_its_rate() {
+    let planet = planet(&[2, 2, 1]);
+    for (r, delay) in [0, 40_000, 75_000].into_iter().enumerate() {
+        planet.regions[r].link.state.lock().delay = delay;
+    }
+    let limit = limit(100, SECOND, Algorithm::TokenBucket, 200);
+    // 5 instances x 4 hits every 50 ms: 400 a second, for 30 s.
+    let admitted = rounds(&planet, &limit, 600, 4, 50_000).await;
+    let total: u64 = admitted.iter().sum();
+    eprintln!("token bucket across regions: {admitted:?} = {total} of at most 3,200");
+    assert!(total <= 3_200, "{admitted:?}");
+    assert!(total >= 2_900, "{admitted:?}");
 }

@@ -230,8 +230,6 @@ impl Cx<'_> {
                 "algorithm concurrency (its releases must reach one count)"
             } else if limit.overdraft {
                 "overdraft (every usage report must reach one count)"
-            } else if limit.algorithm == Algorithm::TokenBucket {
-                "token_bucket yet (fixed and sliding windows only, for now)"
             } else {
                 continue;
             };

@@ -19,14 +19,14 @@ static POOLS: LazyLock<Script> = LazyLock::new(|| Script::new(POOL_SCRIPT));
 
 /// The script's layout, defined once; `lua/pool.lua` reads it under the same names.
 mod args {
-    /// Values per operation: its kind, then nine.
-    pub const PER_OP: usize = 10;
+    /// Values per operation: its kind, then ten.
+    pub const PER_OP: usize = 11;
     pub const TAKE: i64 = 1;
     pub const RETURN: i64 = 2;
     pub const INSTALL: i64 = 3;
     pub const WITHDRAW: i64 = 4;
     /// Values per answer.
-    pub const PER_ANSWER: usize = 13;
+    pub const PER_ANSWER: usize = 15;
     pub const ROOT_FAILED: i64 = 1;
     pub const ASKING: i64 = 2;
     pub const ASKS: i64 = 4;
@@ -97,6 +97,7 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
                 c(timing.ask_ttl),
                 c(timing.window.max(1)),
                 c(timing.floor),
+                0,
             ]);
         }
         PoolKind::Return {
@@ -116,6 +117,7 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
                 c(i.reported),
                 c(i.retry_at),
                 i64::from(i.failed),
+                c(i.interval.min(crate::store::pool::MAX_INTERVAL)),
             ];
         }
         PoolKind::Withdraw { idle } => values[..2].copy_from_slice(&[args::WITHDRAW, c(idle)]),
@@ -147,6 +149,8 @@ fn decode(values: &[i64], ops: usize) -> Result<Vec<PoolAnswer>, StoreError> {
             guard: u(a[4]),
             epoch: u(a[5]),
             generation: u(a[6]),
+            mark: u(a[13]),
+            tokens_end: u(a[14]),
             root_failed: a[7] & args::ROOT_FAILED != 0,
             asking: a[7] & args::ASKING != 0,
             ask: (a[7] & args::ASKS != 0).then(|| RootAsk {
@@ -168,10 +172,11 @@ mod tests {
     fn answers_that_do_not_add_up_are_refused() {
         assert!(decode(&[], 0).is_err());
         assert!(decode(&[5, 1, 1], 1).is_err());
-        let answers = decode(&[7, 3, 9, 100, 200, 60, 2, 50, 2, 0, 0, 0, 0, 0], 1).unwrap();
+        let answers = decode(&[7, 3, 9, 100, 200, 60, 2, 50, 2, 0, 0, 0, 0, 0, 4, 0], 1).unwrap();
         assert_eq!(answers[0].units, 3);
         assert_eq!(answers[0].root_now, 100);
         assert!(answers[0].asking && answers[0].ask.is_none() && !answers[0].root_failed);
         assert_eq!(answers[0].now, 7);
+        assert_eq!(answers[0].mark, 4);
     }
 }

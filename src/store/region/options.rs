@@ -37,10 +37,11 @@ impl Default for RegionOptions {
 
 /// What a region holds of a global limit of `requests` per `window` at most (its pool's low
 /// water mark, an ask, and its instances' blocks: `lw_r + g_r + Σ b_i`), when it admits at
-/// the limit's own rate, with the root `round_trip` away: the under bound's term per region
-/// that `sluice validate` prints.
+/// the limit's own rate, with the root `round_trip` away, and no more than `capacity` (the
+/// limit, or a token bucket's burst): the under bound's term per region that `sluice
+/// validate` prints.
 pub fn held_at_own_rate(
-    requests: u64,
+    (requests, capacity): (u64, u64),
     window: Micros,
     options: &RegionOptions,
     round_trip: Micros,
@@ -51,7 +52,7 @@ pub fn held_at_own_rate(
     let ask = (rate * period as f64)
         .max((requests as u128 * period as u128 / window.max(1) as u128) as f64);
     let blocks = rate * lease_period as f64;
-    (low_water.ceil() + ask.ceil() + blocks.ceil()).min(requests as f64) as u64
+    (low_water.ceil() + ask.ceil() + blocks.ceil()).min(capacity as f64) as u64
 }
 
 /// A region's view of its pools and of the root.

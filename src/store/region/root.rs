@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Core, micros};
-use crate::algorithm::{Ask, Limit, Micros};
-use crate::store::pool::{Install, PoolAnswer, PoolKind, PoolOp, RootAsk};
+use crate::algorithm::{Algorithm, Ask, Limit, Micros};
+use crate::store::pool::{Install, MAX_INTERVAL, PoolAnswer, PoolKind, PoolOp, RootAsk};
 use crate::store::{CounterKey, Grant, LeaseAsk, Report, StoreError, Take};
 
 /// Pools withdrawn per call.
@@ -243,24 +243,55 @@ fn installed(
     retry: impl Fn(Micros) -> Micros,
 ) -> Install {
     let window = limit.window.max(1);
+    let bucket = limit.algorithm == Algorithm::TokenBucket;
+    // A token bucket's root short of what was asked: the regions share its refill, each
+    // asking at most every quarter region lease period (a region near the root would
+    // otherwise ask again at once and take nearly all of it).
+    let short = bucket && grant.units < ask.units;
     Install {
         units: grant.units,
-        guard: grant.now - grant.now % window,
+        // A token bucket's: its arrival time after the grant (what a hand-back names).
+        guard: if bucket {
+            grant.now.saturating_add(grant.decision.reset_after)
+        } else {
+            grant.now - grant.now % window
+        },
+        interval: if bucket { interval(limit) } else { 0 },
         epoch: grant.epoch,
         asked_at: answer.now,
         offset: grant.now as i64 - answer.now as i64,
         // Units charged to the root's current window die with it (a sliding window's
-        // included: in the next one they count only weighted).
-        left: period.min(limit.window_left(grant.now)),
+        // included: in the next one they count only weighted). A token bucket's tokens end
+        // with their time (the pool counts them), its pool a region lease period after the
+        // ask.
+        left: if bucket {
+            period
+        } else {
+            period.min(limit.window_left(grant.now))
+        },
         reported: ask.used,
-        retry_at: retry(
-            grant
-                .decision
-                .retry_after
-                .unwrap_or(grant.decision.reset_after),
-        ),
+        retry_at: if grant.units == 0 {
+            retry(
+                grant
+                    .decision
+                    .retry_after
+                    .unwrap_or(grant.decision.reset_after),
+            )
+        } else if short {
+            // (From the ask: a region far from the root asks as often as a near one.)
+            answer.now + period / 4
+        } else {
+            0
+        },
         failed: false,
     }
+}
+
+/// A token bucket's emission interval in nanoseconds, rounded up (fewer tokens, never more),
+/// within what a pool counts with.
+fn interval(limit: &Limit) -> u64 {
+    let ns = (limit.window as u128 * 1_000).div_ceil(limit.requests.max(1) as u128);
+    ns.clamp(1, MAX_INTERVAL as u128) as u64
 }
 
 /// Sweeps every quarter region lease period; stops when the layer is dropped.

@@ -1,24 +1,28 @@
 -- Sluice: regions' pools of global counters (`scope: global`). The arithmetic of
 -- src/store/pool.rs (`Pool::apply`), mirrored line for line; read it there. A pool is one
--- string key: its fourteen numbers, in the order of FIELDS below, expiring a few region lease
+-- string key: its seventeen numbers, in the order of FIELDS below, expiring a few region lease
 -- periods after the pool ends (its rate and its ask marker still matter then).
 --
 -- KEYS     one pool per operation (a key may repeat: each operation sees the ones before it)
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
--- ARGV[..] ten values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
+-- ARGV[..] eleven values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
 --          then take: want, need, instances, demand, lead, period, ask_ttl, window, floor;
 --          return: units, generation, guard;
---          install: units, guard, epoch, asked_at, offset, left, reported, retry_at, failed;
+--          install: units, guard, epoch, asked_at, offset, left, reported, retry_at, failed,
+--          interval (ns);
 --          withdraw: idle (times in µs)
 -- Returns  {now, then per operation: units, free, root_now, until, guard, epoch, generation,
 --          flags (1 root failed, 2 asking, 4 an ask follows), ask units, ask epoch, ask
---          admitted, ask used, ask guard}
+--          admitted, ask used, ask guard, mark, tokens_end}
+-- A token bucket's arithmetic stays below 2^53 (MAX_SPAN, MAX_INTERVAL): exact in doubles.
 -- The layout, defined once in Rust (`mod args` in src/store/redis/pool.rs).
 local tonumber, format, gmatch, pairs = tonumber, string.format, string.gmatch, pairs
 local ceil, floor, max, min = math.ceil, math.floor, math.max, math.min
-local PER_OP, PER_ANSWER = 10, 13
+local PER_OP, PER_ANSWER = 11, 15
 -- How long a pool's state outlives the pool (`KEEP` in src/store/pool.rs).
 local KEEP = 60000000
+-- The longest time ahead a token bucket's pool counts its tokens over (`MAX_SPAN`).
+local MAX_SPAN = 2592000000000
 local TAKE, RETURN, INSTALL, WITHDRAW = 1, 2, 3, 4
 
 local now = tonumber(ARGV[1])
@@ -30,16 +34,17 @@ end
 local function load(key)
   local p = { granted = 0, used = 0, guard = 0, epoch = 0, generation = 0, ends = 0, offset = 0,
     demand = 0, asked_demand = 0, asked_at = 0, asking_until = 0, reported = 0, failed = 0,
-    last_take = 0 }
+    last_take = 0, interval = 0, full_at = 0, last_grant = 0 }
   local raw = redis.call('GET', key)
   if raw then
     local v, i = {}, 1
     for n in gmatch(raw, '%-?%d+') do v[i] = tonumber(n); i = i + 1 end
-    if i == 15 then
+    if i == 18 then
       p.granted, p.used, p.guard, p.epoch, p.generation, p.ends, p.offset = v[1], v[2], v[3],
         v[4], v[5], v[6], v[7]
       p.demand, p.asked_demand, p.asked_at, p.asking_until, p.reported, p.failed, p.last_take =
         v[8], v[9], v[10], v[11], v[12], v[13], v[14]
+      p.interval, p.full_at, p.last_grant = v[15], v[16], v[17]
     end
   end
   if max(p.ends, p.asking_until, p.asked_at) + KEEP <= now then
@@ -49,9 +54,32 @@ local function load(key)
   return p
 end
 
+local function alive(p, t)
+  if t >= p.full_at or p.interval == 0 then return 0 end
+  return floor(min(p.full_at - t, MAX_SPAN) * 1000 / p.interval)
+end
+
 local function free(p)
-  if now < p.ends then return p.granted - p.used end
-  return 0
+  if now >= p.ends then return 0 end
+  if p.interval > 0 then return min(p.granted - p.used, alive(p, now)) end
+  return p.granted - p.used
+end
+
+local function evaporate(p)
+  if p.interval == 0 or p.generation == 0 then return end
+  local f, a = p.granted - p.used, alive(p, now)
+  if f > a then
+    p.used = p.used + (f - a)
+    p.reported = min(p.reported + (f - a), p.used)
+  end
+end
+
+local function span(p, tokens)
+  return ceil(tokens * p.interval / 1000)
+end
+
+local function front(p)
+  return p.full_at - min(span(p, p.granted - p.used), p.full_at)
 end
 
 local function take(p, want, need, instances, demand, lead, period, ask_ttl, window, least,
@@ -76,7 +104,7 @@ local function take(p, want, need, instances, demand, lead, period, ask_ttl, win
   local low_water = ceil(rate * lead)
   local left = f - units
   local window_end = p.guard + window - p.offset
-  local ending = now + lead >= p.ends and p.ends < window_end
+  local ending = now + lead >= p.ends and (p.interval > 0 or p.ends < window_end)
   if units > 0 and left >= max(low_water, 1) and not ending then return end
   p.asking_until = now + ask_ttl
   p.asked_at = now
@@ -85,20 +113,47 @@ local function take(p, want, need, instances, demand, lead, period, ask_ttl, win
     p.guard }
 end
 
+local function add_tokens(p, units, guard, offset)
+  local o = max(p.offset, offset)
+  p.full_at = p.full_at - min(o - p.offset, p.full_at)
+  p.offset = o
+  evaporate(p)
+  local old = p.granted - p.used
+  local new_end = guard - o
+  local new_start = max(new_end - span(p, units), 0)
+  local full_at, kept = new_end, 0
+  if old == 0 or p.full_at >= new_start then
+    kept = old
+  elseif new_start - p.full_at <= span(p, old) then
+    full_at, kept = min(p.full_at + floor(units * p.interval / 1000), new_end), old
+  end
+  local dropped = old - kept
+  p.used = p.used + dropped
+  p.reported = min(p.reported + dropped, p.used)
+  p.granted = p.granted + units
+  p.full_at, p.guard, p.last_grant = full_at, guard, units
+  p.generation = max(now, p.generation + 1)
+  evaporate(p)
+end
+
 local function install(p, units, guard, epoch, asked_at, offset, left, reported, retry_at, failed,
-                       answer)
-  if units > 0 then p.asking_until = 0 else p.asking_until = retry_at end
+                       interval, answer)
+  p.asking_until = retry_at
   p.failed = failed
   if failed == 1 then return end
   local ends = asked_at + left
-  local same = p.generation ~= 0 and p.guard == guard and p.epoch == epoch
+  local same = p.generation ~= 0 and p.epoch == epoch and p.interval == interval
+    and (interval > 0 or p.guard == guard)
   if same then p.reported = min(max(p.reported, reported), p.used) end
   if units == 0 then return end
   if ends <= now then
     answer.ask = { units, epoch, 0, 0, guard }
     return
   end
-  if same then
+  if same and interval > 0 then
+    add_tokens(p, units, guard, offset)
+    p.ends = max(p.ends, ends)
+  elseif same then
     p.granted = p.granted + units
     p.ends = max(p.ends, ends)
     p.offset = max(p.offset, offset)
@@ -106,6 +161,8 @@ local function install(p, units, guard, epoch, asked_at, offset, left, reported,
     p.generation = max(now, p.generation + 1)
     p.granted, p.used, p.guard, p.epoch, p.ends, p.offset = units, 0, guard, epoch, ends, offset
     p.reported, p.failed, p.asking_until = 0, 0, 0
+    p.interval, p.full_at, p.last_grant = interval, max(guard - offset, 0), units
+    evaporate(p)
   end
   answer.units = units
 end
@@ -115,10 +172,13 @@ local function withdraw(p, idle, answer)
   local quiet = now >= p.ends or now - p.last_take >= idle
   local unreported = max(p.used - p.reported, 0)
   if p.generation == 0 or (f == 0 and unreported == 0) or not quiet then return end
+  local units = f
+  if p.interval > 0 then units = min(f, p.last_grant) end
   p.used = p.granted
   p.reported = p.used
-  answer.units = f
-  answer.ask = { f, p.epoch, unreported, p.used, p.guard }
+  p.last_grant = 0
+  answer.units = units
+  answer.ask = { units, p.epoch, unreported, p.used, p.guard }
 end
 
 local out = { now }
@@ -127,19 +187,23 @@ for k = 1, #KEYS do
   local function arg(i) return tonumber(ARGV[a + i]) end
   local kind = arg(1)
   local p = load(KEYS[k])
+  evaporate(p)
   local answer = { units = 0 }
   if kind == TAKE then
     take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), answer)
   elseif kind == RETURN then
     local units, generation, guard = arg(2), arg(3), arg(4)
-    if generation == p.generation and guard == p.guard and p.generation ~= 0 then
+    local current = guard == p.guard
+    if p.interval > 0 then current = guard == p.used end
+    if generation == p.generation and current and p.generation ~= 0 then
       local back = min(units, p.used)
       p.used = p.used - back
       p.reported = min(p.reported, p.used)
       answer.units = back
     end
   elseif kind == INSTALL then
-    install(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), answer)
+    install(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), arg(11),
+      answer)
   elseif kind == WITHDRAW then
     withdraw(p, arg(2), answer)
   end
@@ -147,10 +211,10 @@ for k = 1, #KEYS do
   if keep <= 0 then
     redis.call('DEL', KEYS[k])
   else
-    redis.call('SET', KEYS[k], format('%d %d %d %d %d %d %d %d %d %d %d %d %d %d', p.granted,
-      p.used, p.guard, p.epoch, p.generation, p.ends, p.offset, p.demand, p.asked_demand,
-      p.asked_at, p.asking_until, p.reported, p.failed, p.last_take), 'PX',
-      max(ceil(keep / 1000), 1))
+    redis.call('SET', KEYS[k], format('%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d',
+      p.granted, p.used, p.guard, p.epoch, p.generation, p.ends, p.offset, p.demand,
+      p.asked_demand, p.asked_at, p.asking_until, p.reported, p.failed, p.last_take, p.interval,
+      p.full_at, p.last_grant), 'PX', max(ceil(keep / 1000), 1))
   end
   local root_now = now
   if p.generation ~= 0 then root_now = now + p.offset end
@@ -164,5 +228,8 @@ for k = 1, #KEYS do
   out[o + 5], out[o + 6], out[o + 7], out[o + 8] = p.guard, p.epoch, p.generation, flags
   out[o + 9], out[o + 10], out[o + 11], out[o + 12], out[o + 13] = ask[1], ask[2], ask[3], ask[4],
     ask[5]
+  local tokens_end = 0
+  if p.interval > 0 and p.generation ~= 0 then tokens_end = front(p) end
+  out[o + 14], out[o + 15] = p.used, tokens_end
 end
 return out
