@@ -104,6 +104,8 @@ struct Totals {
     units_leased: AtomicU64,
     units_returned: AtomicU64,
     local: AtomicU64,
+    /// Of `local`: global counters (`scope: global`).
+    global_local: AtomicU64,
     exact: AtomicU64,
 }
 
@@ -224,6 +226,9 @@ impl Leased {
                             local.reserved.push((i, digest, round.generation, reserved));
                         }
                         shared.totals.local.fetch_add(1, Ordering::Relaxed);
+                        if op.key.is_global() {
+                            shared.totals.global_local.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     Some(Outcome::Wait(notified)) => waits.push((i, notified)),
                     Some(Outcome::Lease(ask, report)) => round.lead(i, digest, op, (ask, report)),
@@ -433,6 +438,10 @@ impl Core {
         self.totals
             .local
             .fetch_add(batch.ops.len() as u64, Ordering::Relaxed);
+        let global = batch.ops.iter().filter(|op| op.key.is_global()).count();
+        self.totals
+            .global_local
+            .fetch_add(global as u64, Ordering::Relaxed);
         Some(Applied {
             decisions,
             admitted,

@@ -32,9 +32,11 @@ struct RegionMetrics {
     calls: IntCounterVec,
     units: IntCounterVec,
     decisions: IntCounterVec,
+    lost: IntCounterVec,
+    pool_free: IntGauge,
     /// The totals already counted: calls ok, failed; units granted, returned, late;
-    /// decisions by pool, by failure mode.
-    seen: Mutex<[u64; 7]>,
+    /// decisions by pool, by failure mode, by block; units lost by reason.
+    seen: Mutex<[u64; 11]>,
 }
 
 /// Leased quota: the blocks in hand and the calls and units that moved.
@@ -114,7 +116,11 @@ impl StoreMetrics {
             self.leases.observe(leases);
         }
         if let Some(region) = &store.region {
-            self.region.observe(region);
+            let blocks = store
+                .leases
+                .as_ref()
+                .map_or(0, |l| l.global_block_decisions);
+            self.region.observe(region, blocks);
         }
         let mut seen = self.failure_mode_seen.lock();
         for mode in FailureMode::ALL {
@@ -276,15 +282,27 @@ impl RegionMetrics {
             decisions: counter_vec(
                 registry,
                 "sluice_global_decisions_total",
-                "Global counters this instance decided from the region's pool (pool), or by their failure_mode with the root away and the pool ended (failure_mode); decisions from blocks count in sluice_lease_decisions_total",
+                "Global counters this instance decided from its block (block; these count in sluice_lease_decisions_total too), from the region's pool (pool), or by their failure_mode with the root away and the pool ended (failure_mode)",
                 &["by"],
+            ),
+            lost: counter_vec(
+                registry,
+                "sluice_region_units_lost_total",
+                "Units of global rules lost to the planet until their window ends (a token bucket's: until the root refills them), by reason: withdrawn from a pool and not taken back by the root (hand_back: its window moved on, a token bucket charged since, or the call failed), taken by a refused request and not taken back by its pool (put_back), granted and not installed in the region's store (region_store); under, never over",
+                &["reason"],
+            ),
+            pool_free: gauge(
+                registry,
+                "sluice_region_pool_free_units",
+                "Free units in the region's pools of the global counters this instance knows, as it last saw them (held for the region, not yet taken by an instance)",
             ),
             seen: Mutex::default(),
         }
     }
 
-    fn observe(&self, region: &super::region::RegionStatus) {
+    fn observe(&self, region: &super::region::RegionStatus, block_decisions: u64) {
         self.reachable.set(i64::from(region.root_reachable));
+        self.pool_free.set(region.pool_free as i64);
         self.regions.set(region.regions as i64);
         self.round_trip.set(region.round_trip as f64 / 1e6);
         let now = [
@@ -295,6 +313,10 @@ impl RegionMetrics {
             region.units_late,
             region.pool_decisions,
             region.failure_mode_decisions,
+            block_decisions,
+            region.units_lost[0],
+            region.units_lost[1],
+            region.units_lost[2],
         ];
         let mut seen = self.seen.lock();
         let delta = |i: usize| now[i].saturating_sub(seen[i]);
@@ -307,6 +329,12 @@ impl RegionMetrics {
         self.decisions
             .with_label_values(&["failure_mode"])
             .inc_by(delta(6));
+        self.decisions
+            .with_label_values(&["block"])
+            .inc_by(delta(7));
+        for (i, reason) in [(8, "hand_back"), (9, "put_back"), (10, "region_store")] {
+            self.lost.with_label_values(&[reason]).inc_by(delta(i));
+        }
         for (s, n) in seen.iter_mut().zip(now) {
             *s = n.max(*s);
         }

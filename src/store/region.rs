@@ -96,6 +96,9 @@ struct Totals {
     late: AtomicU64,
     pool: AtomicU64,
     failure_mode: AtomicU64,
+    lost_hand_back: AtomicU64,
+    lost_put_back: AtomicU64,
+    lost_region_store: AtomicU64,
 }
 
 fn micros(d: Duration) -> Micros {
@@ -142,6 +145,7 @@ impl Regions {
         let c = &self.core;
         // (One lock at a time: a guard in the literal below would live through it.)
         let pools = c.known.lock().len() as u64;
+        let pool_free = c.pools_free();
         let top = c.top_pools();
         let t = &c.totals;
         RegionStatus {
@@ -156,6 +160,12 @@ impl Regions {
             pool_decisions: t.pool.load(Ordering::Relaxed),
             failure_mode_decisions: t.failure_mode.load(Ordering::Relaxed),
             round_trip: c.round_trip.load(Ordering::Relaxed),
+            units_lost: [
+                t.lost_hand_back.load(Ordering::Relaxed),
+                t.lost_put_back.load(Ordering::Relaxed),
+                t.lost_region_store.load(Ordering::Relaxed),
+            ],
+            pool_free,
             pools,
             top,
         }
@@ -510,6 +520,7 @@ impl Core {
         if taken.is_empty() {
             return;
         }
+        let offered: u64 = taken.iter().map(|(_, units, _)| units).sum();
         let ops: Vec<PoolOp> = taken
             .into_iter()
             .map(|(key, units, answer)| PoolOp {
@@ -527,7 +538,13 @@ impl Core {
             })
             .collect();
         // Not given back: under, never over.
-        let _ = self.region.pool(&ops).await;
+        let back: u64 = match self.region.pool(&ops).await {
+            Ok(answers) => answers.iter().map(|a| a.units).sum(),
+            Err(_) => 0,
+        };
+        self.totals
+            .lost_put_back
+            .fetch_add(offered.saturating_sub(back), Ordering::Relaxed);
     }
 
     fn remember(&self, key: &super::CounterKey, limit: &Limit) {
@@ -557,6 +574,17 @@ impl Core {
             known.free = answer.free;
             known.ends_at = now.saturating_add(answer.until.saturating_sub(answer.now));
         }
+    }
+
+    /// Free units in the live pools this instance knows, as last answered.
+    fn pools_free(&self) -> u64 {
+        let now = self.clock.now();
+        self.known
+            .lock()
+            .values()
+            .filter(|k| k.ends_at > now)
+            .map(|k| k.free)
+            .sum()
     }
 
     /// The pools with the most free units, as last answered.

@@ -193,6 +193,16 @@ async fn three_regions_admit_the_limit_and_no_more_with_no_request_waiting_on_th
         crate::common::metric(&metrics, "sluice_region_units_total{direction=\"granted\"}")
             .unwrap();
     assert!(granted > 0);
+    // Its decisions by where they came from: blocks and the pool.
+    for by in ["block", "pool"] {
+        let decided: u64 = crate::common::metric(
+            &metrics,
+            &format!("sluice_global_decisions_total{{by=\"{by}\"}}"),
+        )
+        .unwrap();
+        assert!(decided > 0, "no decision by {by}");
+    }
+    assert!(crate::common::metric::<i64>(&metrics, "sluice_region_pool_free_units").is_some());
     // No request waits on the root: the farthest region answers as fast as the root's own
     // (within a few milliseconds of scheduling on a loaded machine).
     assert!(

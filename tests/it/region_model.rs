@@ -678,3 +678,33 @@ async fn a_token_buckets_pool_keeps_no_token_past_its_time() {
         "{admitted} admitted at one instant, burst 20"
     );
 }
+
+/// Units a region cannot give back are counted by reason: a pool withdrawn after its root
+/// window ended is refused by the root (its units died with the window), and a request
+/// refused by another of its limits gives back to its pool what it took.
+#[tokio::test(flavor = "current_thread")]
+async fn units_lost_to_the_planet_are_counted_by_reason() {
+    let planet = planet(&[1]);
+    let limit = limit(600, WINDOW, Algorithm::FixedWindow, 600);
+    let regions = planet.regions[0].instances[0].regions.clone();
+    let one = || batch(vec![op(&limit, 1, FailureMode::Deny)]);
+    planet.clock.advance(WINDOW / 2);
+    // The first take asks the root; the second is decided from the pool.
+    regions.apply(&one()).await.unwrap();
+    settle().await;
+    assert!(regions.apply(&one()).await.unwrap().admitted);
+    let free = regions.region_status().pool_free;
+    assert!(free > 0, "the pool holds units");
+    // A request whose other limit refuses: what it took goes back, nothing is lost.
+    let mut mixed = one();
+    let mut other = counters::op("model", [("user", "u")], limit, 1, Role::Enforce);
+    other.limit.requests = 0;
+    mixed.ops.push(other);
+    assert!(!regions.apply(&mixed).await.unwrap().admitted);
+    assert_eq!(regions.region_status().units_lost, [0, 0, 0]);
+    // The window ends with units in the pool: its hand-back is refused, they are lost.
+    planet.clock.advance(WINDOW / 2 + SECOND);
+    regions.sweep_now().await;
+    let status = regions.region_status();
+    assert_eq!(status.units_lost[0], free, "{status:?}");
+}

@@ -34,6 +34,8 @@ pub struct LeaseStatus {
     pub give_backs_waiting: u64,
     /// Decisions made from a block, without a store call.
     pub local_decisions: u64,
+    /// Of those, global counters' (`scope: global`).
+    pub global_block_decisions: u64,
     /// Leased counters decided exactly instead (the lease failed, the table was full, or
     /// the request waited too long).
     pub exact_decisions: u64,
@@ -184,6 +186,7 @@ impl Core {
             units_returned: t.units_returned.load(Ordering::Relaxed),
             give_backs_waiting: self.retries_waiting() as u64,
             local_decisions: t.local.load(Ordering::Relaxed),
+            global_block_decisions: t.global_local.load(Ordering::Relaxed),
             exact_decisions: t.exact.load(Ordering::Relaxed),
             top,
         }

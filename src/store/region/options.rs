@@ -80,6 +80,15 @@ pub struct RegionStatus {
     pub failure_mode_decisions: u64,
     /// The last root round trip (µs).
     pub round_trip: Micros,
+    /// Units lost to the planet until their window ends (a token bucket's: until the root
+    /// refills them), by reason: withdrawn from a pool and not taken back by the root (its
+    /// window moved on, a token bucket charged since, or the call failed); taken by a
+    /// refused request and not taken back by its pool; granted and not installed (the
+    /// region's store failed). Under, never over.
+    pub units_lost: [u64; 3],
+    /// Free units in the region's pools of the global counters this instance knows, as it
+    /// last saw them.
+    pub pool_free: u64,
     /// Global counters this instance knows of.
     pub pools: u64,
     /// The pools with the most free units, as this instance last saw them.

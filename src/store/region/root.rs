@@ -99,6 +99,9 @@ impl Core {
         let Ok(installed) = self.region.pool(std::slice::from_ref(&op)).await else {
             // The region's store failed: the units are lost to it until the window ends
             // (under, never over); the marker lapses.
+            self.totals
+                .lost_region_store
+                .fetch_add(install.units, Ordering::Relaxed);
             return;
         };
         if let Some(late) = installed.first().and_then(|a| a.ask) {
@@ -177,11 +180,18 @@ impl Core {
                 not_after: 0,
             })
             .collect();
+        let offered: u64 = backs.iter().map(|(_, _, back)| back.units).sum();
         let Ok(grants) = self.root_call(self.root.lease(&asks)).await else {
             // Lost until their window ends: under, never over.
+            self.totals
+                .lost_hand_back
+                .fetch_add(offered, Ordering::Relaxed);
             return 0;
         };
         let units = grants.iter().map(|g| g.units).sum();
+        self.totals
+            .lost_hand_back
+            .fetch_add(offered.saturating_sub(units), Ordering::Relaxed);
         self.totals.returned.fetch_add(units, Ordering::Relaxed);
         units
     }
