@@ -120,6 +120,7 @@ const ONE_ERROR_PER_FIXTURE: &[&str] = &[
     "unlimited_with_overdraft.yaml:6:7: descriptors[0].rate_limit.overdraft: should not specify overdraft when unlimited",
     "leased_overdraft.yaml:4:5: descriptors[0].consistency: consistency: leased is not available with overdraft",
     "bad_scope.yaml:4:5: descriptors[0].scope: invalid scope 'everywhere' (expected region or global)",
+    "global_slow_token_bucket.yaml:4:5: descriptors[0].scope: scope: global is not available with a token bucket refilling slower than a token every 11 days",
     "global_concurrency.yaml:4:5: descriptors[0].scope: scope: global is not available with algorithm concurrency",
     "global_exact.yaml:5:5: descriptors[0].scope: scope: global needs consistency: leased",
     "zero_unit_multiplier.yaml:6:32: descriptors[1].rate_limit.unit_multiplier: unit_multiplier must be at least 1",

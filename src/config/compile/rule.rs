@@ -202,8 +202,9 @@ impl Cx<'_> {
 
     /// A descriptor's `scope`: whether its rule is global. A global rule is leased (an
     /// explicit `consistency: exact` is an error: across regions that would be a round trip
-    /// per request), on fixed and sliding windows for now, and never a concurrency limit or a
-    /// usage budget.
+    /// per request), on fixed and sliding windows and token buckets (refilling a token every
+    /// 11 days at least, a burst within 30 days: what a region's pool counts with), and never
+    /// a concurrency limit or a usage budget.
     fn scope(&mut self, descriptor: &RawDescriptor, path: &str, limits: &[RateLimit]) -> bool {
         let Some(value) = descriptor.scope.as_deref() else {
             return false;
@@ -230,6 +231,8 @@ impl Cx<'_> {
                 "algorithm concurrency (its releases must reach one count)"
             } else if limit.overdraft {
                 "overdraft (every usage report must reach one count)"
+            } else if limit.algorithm == Algorithm::TokenBucket && !bucket_in_reach(limit) {
+                "a token bucket refilling slower than a token every 11 days, or with a burst that takes more than 30 days to refill (a region's pool counts its tokens over 30 days at most)"
             } else {
                 continue;
             };
@@ -440,4 +443,16 @@ impl Cx<'_> {
             _ => Some(n),
         }
     }
+}
+
+/// Whether a global token bucket's pools can count its tokens exactly: an emission interval
+/// of at most [`MAX_INTERVAL`](crate::store::pool::MAX_INTERVAL) and a burst refilled within
+/// [`MAX_SPAN`](crate::store::pool::MAX_SPAN).
+fn bucket_in_reach(limit: &RateLimit) -> bool {
+    use crate::store::pool::{MAX_INTERVAL, MAX_SPAN};
+    let limit = limit.algorithm_limit();
+    let requests = limit.requests.max(1) as u128;
+    let interval_ns = (limit.window as u128 * 1_000).div_ceil(requests);
+    let refill = limit.capacity() as u128 * limit.window as u128 / requests;
+    interval_ns <= MAX_INTERVAL as u128 && refill <= MAX_SPAN as u128
 }
