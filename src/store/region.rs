@@ -23,6 +23,7 @@
 //! Every unit admitted anywhere was granted by the root first: the planet never admits more
 //! than one exact counter would. Region-scope counters pass through to the region's store.
 
+mod known;
 mod options;
 mod root;
 mod stack;
@@ -545,64 +546,5 @@ impl Core {
         self.totals
             .lost_put_back
             .fetch_add(offered.saturating_sub(back), Ordering::Relaxed);
-    }
-
-    fn remember(&self, key: &super::CounterKey, limit: &Limit) {
-        let now = self.clock.now();
-        let mut known = self.known.lock();
-        if known.len() >= MAX_KNOWN && !known.contains_key(key) {
-            let horizon = now.saturating_sub(super::pool::KEEP);
-            known.retain(|_, k| k.seen > horizon);
-            if known.len() >= MAX_KNOWN {
-                return;
-            }
-        }
-        let entry = known.entry(key.clone()).or_insert(Known {
-            limit: *limit,
-            seen: now,
-            free: 0,
-            ends_at: 0,
-        });
-        entry.limit = *limit;
-        entry.seen = now;
-    }
-
-    /// What a pool answered, for `/rlconfig`.
-    fn saw(&self, key: &super::CounterKey, answer: &PoolAnswer) {
-        let now = self.clock.now();
-        if let Some(known) = self.known.lock().get_mut(key) {
-            known.free = answer.free;
-            known.ends_at = now.saturating_add(answer.until.saturating_sub(answer.now));
-        }
-    }
-
-    /// Free units in the live pools this instance knows, as last answered.
-    fn pools_free(&self) -> u64 {
-        let now = self.clock.now();
-        self.known
-            .lock()
-            .values()
-            .filter(|k| k.ends_at > now)
-            .map(|k| k.free)
-            .sum()
-    }
-
-    /// The pools with the most free units, as last answered.
-    fn top_pools(&self) -> Vec<options::PoolView> {
-        let now = self.clock.now();
-        let mut pools: Vec<options::PoolView> = self
-            .known
-            .lock()
-            .iter()
-            .filter(|(_, k)| k.ends_at > now)
-            .map(|(key, k)| options::PoolView {
-                key: key.to_string(),
-                free: k.free,
-                ends_in: k.ends_at - now,
-            })
-            .collect();
-        pools.sort_by(|a, b| b.free.cmp(&a.free).then_with(|| a.key.cmp(&b.key)));
-        pools.truncate(LISTED_POOLS);
-        pools
     }
 }

@@ -18,7 +18,10 @@
 //! in the background (at most `max_background` at once), so they are counted, and their
 //! refusals learnt, even though nobody waits for them.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+mod breaker;
+
+use breaker::Breaker;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -560,46 +563,5 @@ impl Core {
                 }
             }
         });
-    }
-}
-
-// === impl Breaker ===
-
-/// Consecutive-failure circuit breaker, closed again by the background prober.
-struct Breaker {
-    threshold: u32,
-    cooldown: Duration,
-    failures: AtomicU32,
-    open: AtomicBool,
-    /// Whether the prober runs.
-    probing: AtomicBool,
-}
-
-impl Breaker {
-    fn new(threshold: u32, cooldown: Duration) -> Self {
-        Self {
-            threshold,
-            cooldown,
-            failures: AtomicU32::new(0),
-            open: AtomicBool::new(false),
-            probing: AtomicBool::new(false),
-        }
-    }
-
-    fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
-    }
-
-    fn succeeded(&self) {
-        self.failures.store(0, Ordering::Release);
-        if self.open.swap(false, Ordering::AcqRel) {
-            tracing::info!("store answering again: circuit breaker closed");
-        }
-    }
-
-    /// Records a failure; true when this failure opened the breaker.
-    fn failed(&self) -> bool {
-        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        failures >= self.threshold && !self.open.swap(true, Ordering::AcqRel)
     }
 }

@@ -1,0 +1,127 @@
+//! Leases in memory: the lease protocol's store side (`lua/lease.lua` mirrored, with the
+//! learning rule), for one instance and for the tests' roots and regions.
+
+use std::sync::atomic::Ordering;
+
+use super::{MemoryStore, pools};
+use crate::algorithm::{self, Limit, Micros};
+use crate::store::{Grant, LeaseAsk, Take};
+
+impl MemoryStore {
+    /// Each ask on its own, under its counter's shard lock: a lease charges what
+    /// [`algorithm::lease`] grants, a hand-back is a refund within the lease's window; the
+    /// learning rule as `lua/lease.lua` applies it (see [`super::Report`]).
+    pub(super) fn lease_now(&self, asks: &[LeaseAsk]) -> Vec<Grant> {
+        let now = self.shared.clock.now();
+        let (born, hold_until) = self.epoch_at(asks, now);
+        asks.iter()
+            .map(|ask| self.lease_one(ask, (born, hold_until), now))
+            .collect()
+    }
+
+    /// The store's epoch (when a call last found it empty) and until when it grants nothing
+    /// (a wipe under blocks, as `asks` report them).
+    fn epoch_at(&self, asks: &[LeaseAsk], now: Micros) -> (Micros, Micros) {
+        let shared = &*self.shared;
+        {
+            let mut epoch = shared.epoch.lock();
+            if epoch.0 == 0 {
+                // After every epoch a block reports, as the script does, and after the
+                // store's last one (Redis's clock has moved on since; a pinned one may not).
+                let reported = asks.iter().map(|a| a.report.epoch.saturating_add(1));
+                let after_last = shared.last_epoch.load(Ordering::Relaxed).saturating_add(1);
+                epoch.0 = reported.fold(now.max(after_last), Micros::max);
+                shared.last_epoch.store(epoch.0, Ordering::Relaxed);
+            }
+            let born = epoch.0;
+            for ask in asks {
+                let r = ask.report;
+                if r.epoch != 0 && r.epoch != born && now < born.saturating_add(r.hold) {
+                    epoch.1 = epoch.1.max(born.saturating_add(r.hold));
+                }
+            }
+            *epoch
+        }
+    }
+
+    /// One ask at `now` under its counter's shard lock, in the epoch `born`.
+    fn lease_one(
+        &self,
+        ask: &LeaseAsk,
+        (born, hold_until): (Micros, Micros),
+        now: Micros,
+    ) -> Grant {
+        let shared = &*self.shared;
+        let digest = shared.digester.digest(&ask.key);
+        let mut shard = shared.shards.of(&digest).lock();
+        let older = ask.report.epoch != 0 && ask.report.epoch != born;
+        if older && ask.report.admitted > 0 {
+            // Admitted from units of an older epoch: charged, past the limit if need be.
+            let current = shard.get(&digest, ask.limit.algorithm, now);
+            let limit = Limit {
+                overdraft: true,
+                ..ask.limit
+            };
+            let hits = ask.report.admitted.min(i64::MAX as u64) as i64;
+            let t = algorithm::decide(current.as_ref(), &limit, now, hits);
+            shared.store(&mut shard, digest, t, hits, now);
+        }
+        let current = shard.get(&digest, ask.limit.algorithm, now);
+        let (units, mut t, hits) = match ask.take {
+            Take::Lease(_) if ask.not_after != 0 && now > ask.not_after => (
+                0,
+                algorithm::decide(current.as_ref(), &ask.limit, now, 0),
+                0,
+            ),
+            Take::Lease(_) if now < hold_until => (
+                0,
+                algorithm::decide(current.as_ref(), &ask.limit, now, 0),
+                0,
+            ),
+            Take::Lease(want) => {
+                let (units, t) = algorithm::lease(current.as_ref(), &ask.limit, now, want);
+                (units, t, units as i64)
+            }
+            Take::GiveBack { .. } if older => (
+                0,
+                algorithm::decide(current.as_ref(), &ask.limit, now, 0),
+                0,
+            ),
+            Take::GiveBack { .. } => {
+                let hits = ask.give_back_hits(current.as_ref(), now);
+                let t = algorithm::decide(current.as_ref(), &ask.limit, now, hits);
+                (hits.unsigned_abs(), t, hits)
+            }
+        };
+        if matches!(ask.take, Take::Lease(_)) && ask.not_after != 0 && now > ask.not_after {
+            // Too late: its asker has given up.
+            t.decision.allowed = false;
+            t.decision.retry_after = None;
+        } else if matches!(ask.take, Take::Lease(_)) && now < hold_until {
+            t.decision.allowed = false;
+            t.decision.retry_after = Some(hold_until - now);
+        }
+        if hits != 0 {
+            shared.store(&mut shard, digest, t, hits, now);
+        }
+        Grant {
+            units,
+            decision: t.decision,
+            now,
+            epoch: born,
+        }
+    }
+
+    /// Forgets every counter and the leases' epoch, as Redis restarted empty or flushed:
+    /// for tests of the learning rule.
+    pub fn wipe(&self) {
+        let shared = &*self.shared;
+        for shard in shared.shards.iter() {
+            let mut shard = shard.lock();
+            let dropped = shard.entries.retain(|_| false) as u64;
+            shared.tracked.fetch_sub(dropped, Ordering::Relaxed);
+        }
+        *shared.epoch.lock() = (0, 0);
+        *shared.pools.lock() = pools::Pools::default();
+    }
+}
