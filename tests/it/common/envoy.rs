@@ -93,11 +93,11 @@ impl Bootstrap {
     /// Front routes `/` to the upstream with one `api_key` action from `x-api-key`; Sluice on
     /// `sluice` (gRPC), failing closed (`failure_mode_deny: true`).
     pub fn new(sluice: u16) -> Self {
-        let free = || super::redis::free_port();
+        let [front, upstream, admin] = super::redis::free_ports();
         Self {
-            front: free(),
-            upstream: free(),
-            admin: free(),
+            front,
+            upstream,
+            admin,
             sluice,
             failure_mode_deny: true,
             preamble: String::new(),

@@ -18,6 +18,14 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `N` distinct free ports: each held until all are chosen (ports chosen one at a time may
+/// repeat: the system may hand out a port just released).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [TcpListener; N] =
+        std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").unwrap());
+    listeners.map(|l| l.local_addr().unwrap().port())
+}
+
 /// A free port whose Cluster bus port (port + 10000) is free too.
 pub fn free_cluster_port() -> u16 {
     loop {
