@@ -9,9 +9,11 @@ use sluice::algorithm::{Algorithm, Limit, SECOND};
 use sluice::clock::SystemClock;
 use sluice::config::{LoadOptions, load_sources};
 use sluice::limiter::{Descriptor, Entry, Limiter, LimiterOptions, Request};
+use sluice::store::lease::LeaseOptions;
 use sluice::store::memory::MemoryOptions;
 use sluice::store::{
-    Admission, Batch, CounterKey, CounterOp, FailureMode, MemoryStore, Role, Store,
+    Admission, Batch, Consistency, CounterKey, CounterOp, FailureMode, Leased, MemoryStore,
+    RegionOptions, Regions, Role, Store,
 };
 
 const CONFIG: &str = r#"
@@ -222,6 +224,55 @@ fn memory_store_algorithms(c: &mut Criterion) {
     group.finish();
 }
 
+/// A leased decision served from the instance's block, for a region-scope counter and for a
+/// global one (`scope: global`: blocks from the region's pool, granted by the root; memory
+/// stores for both): the request path of a global rule costs what a regional one does.
+fn global_leased(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+    let clock = Arc::new(SystemClock);
+    let store = |clock: &Arc<SystemClock>| {
+        Arc::new(MemoryStore::new(MemoryOptions::default(), clock.clone()))
+    };
+    let regions = Arc::new(Regions::new(
+        store(&clock),
+        store(&clock),
+        RegionOptions::default(),
+        clock.clone(),
+    ));
+    let leased = Leased::new(regions, LeaseOptions::default(), clock);
+    let limit = Limit::new(u64::MAX / 4, 3_600 * SECOND, Algorithm::FixedWindow);
+    let mut group = c.benchmark_group("leased_decision");
+    for (name, global) in [("region", false), ("global", true)] {
+        let key = CounterKey::new("bench", [("k", name)], &limit);
+        let batch = Batch {
+            ops: vec![CounterOp {
+                key: if global { key.global() } else { key },
+                limit,
+                hits: 1,
+                role: Role::Enforce,
+                failure_mode: FailureMode::Deny,
+                consistency: Consistency::Leased,
+            }],
+            admission: Admission::ByRule,
+            deadline: None,
+            charged_at: None,
+        };
+        // Warm: the first requests are counted exactly while the rate is learned, then
+        // leases come.
+        for _ in 0..10_000 {
+            runtime.block_on(leased.apply(&batch)).unwrap();
+        }
+        group.bench_function(name, |b| {
+            b.iter(|| runtime.block_on(leased.apply(black_box(&batch))).unwrap())
+        });
+    }
+    group.finish();
+}
+
 /// The RLQS face: a report of 1,000 buckets an Envoy already reported (the steady state:
 /// Envoy lists every bucket in every report), and the once-a-second tick over them.
 fn rlqs(c: &mut Criterion) {
@@ -281,6 +332,7 @@ criterion_group!(
     algorithms,
     memory_store,
     memory_store_algorithms,
-    limiter_check
+    limiter_check,
+    global_leased
 );
 criterion_main!(benches);
