@@ -436,7 +436,7 @@ async fn a_token_bucket_across_regions_admits_its_burst_and_rate_and_no_more() {
         .max()
         .unwrap_or(0);
     let per_micro = RATE as f64 / 1e6;
-    let mut worst = 0.0f64;
+    let mut worst = f64::MIN;
     for i in 0..ok.len() {
         for j in i..ok.len() {
             // Requests i..=j were decided within [sent_i, sent_j + the longest answer].

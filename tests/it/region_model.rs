@@ -521,6 +521,15 @@ async fn sweep(planet: &Planet) {
     }
 }
 
+/// Three regions of `sizes` instances, 0, 40 and 75 ms (one way) from the root.
+fn planet_afar(sizes: &[usize; 3]) -> Planet {
+    let planet = planet(sizes);
+    for (r, delay) in [0, 40_000, 75_000].into_iter().enumerate() {
+        planet.regions[r].link.state.lock().delay = delay;
+    }
+    planet
+}
+
 /// What the root counter has left.
 async fn root_left(planet: &Planet, limit: &Limit) -> u64 {
     let peek = batch(vec![op(limit, 0, FailureMode::Deny)]);
@@ -529,10 +538,7 @@ async fn root_left(planet: &Planet, limit: &Limit) -> u64 {
 
 #[tokio::test(flavor = "current_thread")]
 async fn without_faults_the_planet_admits_the_whole_limit() {
-    let planet = planet(&[2, 3, 1]);
-    for (r, delay) in [0, 40_000, 75_000].into_iter().enumerate() {
-        planet.regions[r].link.state.lock().delay = delay;
-    }
+    let planet = planet_afar(&[2, 3, 1]);
     let limit = limit(3000, WINDOW, Algorithm::FixedWindow, 3000);
     // Demand above the limit everywhere for 10 s: the budget goes in about 3.1 s.
     let admitted = rounds(&planet, &limit, 400, 4, 25_000).await;
@@ -632,10 +638,7 @@ async fn a_request_with_a_regional_counter_loses_none_of_its_units_in_a_cut() {
 /// burst plus the refill (3,200), and nearly all of it.
 #[tokio::test(flavor = "current_thread")]
 async fn a_token_bucket_across_regions_admits_its_rate() {
-    let planet = planet(&[2, 2, 1]);
-    for (r, delay) in [0, 40_000, 75_000].into_iter().enumerate() {
-        planet.regions[r].link.state.lock().delay = delay;
-    }
+    let planet = planet_afar(&[2, 2, 1]);
     let limit = limit(100, SECOND, Algorithm::TokenBucket, 200);
     // 5 instances x 4 hits every 50 ms: 400 a second, for 30 s.
     let admitted = rounds(&planet, &limit, 600, 4, 50_000).await;
