@@ -511,6 +511,34 @@ async fn a_cut_region_under_a_token_bucket_admits_what_it_holds_then_denies() {
     assert!(per_region[0] > 0 && per_region[2] > 0);
 }
 
+/// A global token bucket through a root restarted with its append-only file under load: the
+/// root keeps its arrival time, and the planet stays within the burst plus the rate over
+/// every stretch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_bucket_through_a_root_restart_with_its_append_only_file_stays_within_its_bound() {
+    let mut root = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let regions = planet("regions-bucket-restart", &root, [0, 20, 40]).await;
+    let restart_at = Duration::from_secs(2);
+    let mut restarted = false;
+    let histories = load(&regions, "bucket", 100, Duration::from_secs(6), |now| {
+        if now >= restart_at && !restarted {
+            restarted = true;
+            root.restart();
+        }
+    })
+    .await;
+    assert!(restarted);
+    for history in &histories {
+        assert_eq!(errors(history), 0);
+    }
+    let (worst, bound, _) = bucket_bound(&histories);
+    let per_region: Vec<u64> = histories.iter().map(|h| admitted(h)).collect();
+    eprintln!(
+        "figures: a token bucket, the root restarted (append-only file) under load: admitted {per_region:?} of at most {bound:.0}; closest approach to the bound: {worst:.1}"
+    );
+    assert!(worst <= 0.0, "over the burst plus the rate by {worst:.1}");
+}
+
 /// With ROOT_WAIT_REPLICAS, a grant counts only once a replica of the root holds it: a root
 /// without the replica grants nothing a region uses, and the rule's failure mode answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
