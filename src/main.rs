@@ -299,8 +299,14 @@ fn global_bounds(
             let per = limit.window_name().to_lowercase();
             if limit.algorithm == sluice::algorithm::Algorithm::TokenBucket {
                 let burst = limit.capacity();
+                // Regions sharing its refill each take ⌊R / 2n⌋ every quarter region lease
+                // period: the root keeps about half a period's refill.
+                let kept = (requests as f64 * region.period.as_secs_f64()
+                    / (2.0 * limit.window() as f64 / 1e6))
+                    .ceil()
+                    .min(burst as f64);
                 lines.push(format!(
-                    "{}: scope: global, token bucket of {requests} per {per}, burst {burst}: {over} (at most the burst plus the rate over any time); a region holds up to about {held} tokens at this rate, and the root, the pools and the blocks never hold more than the burst together: with more regions busy than burst / {held}, they share it and admit less ({periods})",
+                    "{}: scope: global, token bucket of {requests} per {per}, burst {burst}: {over} (at most the burst plus the rate over any time); a region holds up to about {held} tokens at this rate, and the root, the pools and the blocks never hold more than the burst together: with more regions busy than burst / {held}, they share it and admit less, the root keeping about {kept} tokens while their demand is above the rate ({periods})",
                     rule.stats_key,
                 ));
                 continue;

@@ -397,9 +397,11 @@ fn validate_warns_of_a_global_rule_that_fails_open_in_a_cut_off_region() {
         "{stdout}"
     );
     // A token bucket's: the burst bounds what the levels hold together (100 a second: 250
-    // low water, 200 asked, 100 in blocks).
+    // low water, 200 asked, 100 in blocks); under contention the root keeps a second's refill
+    // (half a region lease period of 2 s).
     assert!(
-        stdout.contains("g.bucket: scope: global, token bucket of 100 per second, burst 500: never over (at most the burst plus the rate over any time); a region holds up to about 500 tokens"),
+        stdout.contains("g.bucket: scope: global, token bucket of 100 per second, burst 500: never over (at most the burst plus the rate over any time); a region holds up to about 500 tokens")
+            && stdout.contains("the root keeping about 100 tokens"),
         "{stdout}"
     );
 }
