@@ -88,7 +88,7 @@ struct Core {
     started: AtomicBool,
     totals: Totals,
     /// The sweeper's last view of the blocks, for `status`.
-    view: Mutex<(u64, Vec<BlockView>)>,
+    view: Mutex<(u64, u64, Vec<BlockView>)>,
     /// Hand-backs whose call failed, each with the instant after which it can change
     /// nothing (its window ended; a token bucket refilled past it): tried again at each sweep
     /// until they land or that instant passes.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, Registry};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 use super::{FailureMode, FailureModeAnswers, StoreStatus};
 use crate::metrics::{LATENCY_BUCKETS, counter, counter_vec, gauge, histogram};
@@ -33,7 +33,7 @@ struct RegionMetrics {
     units: IntCounterVec,
     decisions: IntCounterVec,
     lost: IntCounterVec,
-    pool_free: IntGauge,
+    held: IntGaugeVec,
     /// The totals already counted: calls ok, failed; units granted, returned, late;
     /// decisions by pool, by failure mode, by block; units lost by reason.
     seen: Mutex<[u64; 11]>,
@@ -119,7 +119,7 @@ impl StoreMetrics {
             let blocks = store
                 .leases
                 .as_ref()
-                .map_or(0, |l| l.global_block_decisions);
+                .map_or((0, 0), |l| (l.global_block_decisions, l.outstanding_global));
             self.region.observe(region, blocks);
         }
         let mut seen = self.failure_mode_seen.lock();
@@ -291,18 +291,25 @@ impl RegionMetrics {
                 "Units of global rules lost to the planet until their window ends (a token bucket's: until the root refills them), by reason: withdrawn from a pool and not taken back by the root (hand_back: its window moved on, a token bucket charged since, or the call failed), taken by a refused request and not taken back by its pool (put_back), granted and not installed in the region's store (region_store); under, never over",
                 &["reason"],
             ),
-            pool_free: gauge(
+            held: crate::metrics::gauge_vec(
                 registry,
-                "sluice_region_pool_free_units",
-                "Free units in the region's pools of the global counters this instance knows, as it last saw them (held for the region, not yet taken by an instance)",
+                "sluice_region_units_held",
+                "Units of global rules held and not admitted yet: free in the region's pools of the counters this instance knows, as it last saw them (pool), and in this instance's blocks, as of its last sweep (blocks)",
+                &["in"],
             ),
             seen: Mutex::default(),
         }
     }
 
-    fn observe(&self, region: &super::region::RegionStatus, block_decisions: u64) {
+    fn observe(&self, region: &super::region::RegionStatus, blocks: (u64, u64)) {
+        let (block_decisions, in_blocks) = blocks;
         self.reachable.set(i64::from(region.root_reachable));
-        self.pool_free.set(region.pool_free as i64);
+        self.held
+            .with_label_values(&["pool"])
+            .set(region.pool_free as i64);
+        self.held
+            .with_label_values(&["blocks"])
+            .set(in_blocks as i64);
         self.regions.set(region.regions as i64);
         self.round_trip.set(region.round_trip as f64 / 1e6);
         let now = [

@@ -202,7 +202,13 @@ async fn three_regions_admit_the_limit_and_no_more_with_no_request_waiting_on_th
         .unwrap();
         assert!(decided > 0, "no decision by {by}");
     }
-    assert!(crate::common::metric::<i64>(&metrics, "sluice_region_pool_free_units").is_some());
+    for held in ["pool", "blocks"] {
+        let name = format!("sluice_region_units_held{{in=\"{held}\"}}");
+        assert!(
+            crate::common::metric::<i64>(&metrics, &name).is_some(),
+            "{name}"
+        );
+    }
     // No request waits on the root: the farthest region answers as fast as the root's own
     // (within a few milliseconds of scheduling on a loaded machine).
     assert!(

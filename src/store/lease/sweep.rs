@@ -20,6 +20,8 @@ pub struct LeaseStatus {
     pub blocks: u64,
     /// Units leased and not admitted yet, over all blocks (as of the last sweep).
     pub outstanding: u64,
+    /// Of those, in blocks of global counters (`scope: global`).
+    pub outstanding_global: u64,
     /// Lease calls made (leases and hand-backs).
     pub calls: u64,
     /// Leases granted.
@@ -63,7 +65,7 @@ impl Core {
     pub(super) async fn sweep(&self, all: bool) -> u64 {
         let now = self.clock.now();
         let mut round = Round::new(self.hold);
-        let (mut outstanding, mut top) = (0u64, Vec::new());
+        let (mut outstanding, mut global, mut top) = (0u64, 0u64, Vec::new());
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let before = shard.len();
@@ -80,6 +82,9 @@ impl Core {
                     return false;
                 }
                 outstanding += block.units;
+                if block.key.is_global() {
+                    global += block.units;
+                }
                 if block.units > 0 {
                     top.push(BlockView {
                         key: block.key.to_string(),
@@ -99,7 +104,7 @@ impl Core {
         }
         top.sort_by_key(|b| std::cmp::Reverse(b.units));
         top.truncate(LISTED_BLOCKS);
-        *self.view.lock() = (outstanding, top);
+        *self.view.lock() = (outstanding, global, top);
         // Hand-backs that failed before and can still change something go again.
         let mut asks = round.asks;
         {
@@ -172,13 +177,14 @@ impl Core {
     }
 
     pub(super) fn status(&self) -> LeaseStatus {
-        let (outstanding, top) = self.view.lock().clone();
+        let (outstanding, outstanding_global, top) = self.view.lock().clone();
         let t = &self.totals;
         LeaseStatus {
             instance: self.options.instance.clone(),
             instances: self.instances.load(Ordering::Relaxed),
             blocks: self.blocks.load(Ordering::Relaxed) as u64,
             outstanding,
+            outstanding_global,
             calls: t.calls.load(Ordering::Relaxed),
             leases: t.leases.load(Ordering::Relaxed),
             refused: t.refused.load(Ordering::Relaxed),
