@@ -38,35 +38,9 @@ impl Core {
 
     async fn top_up(&self, key: CounterKey, limit: Limit, answer: PoolAnswer) {
         let Some(ask) = answer.ask else { return };
-        let lease = LeaseAsk {
-            key: key.clone(),
-            limit,
-            take: Take::Lease(Ask {
-                want: ask.units.max(1),
-                need: 1,
-                instances: self.regions.load(Ordering::Relaxed),
-            }),
-            report: self.report(&ask),
-            // The root's time as the pool knows it (never behind it) plus the deadline:
-            // an ask delivered later (held by a partition) grants nothing. Without a grant
-            // yet, the root's clock is not known: no such limit.
-            not_after: if answer.generation == 0 {
-                0
-            } else {
-                answer.root_now + micros(self.options.root_deadline)
-            },
-        };
+        let lease = self.lease_ask(&key, &limit, &answer, &ask);
         let started = self.clock.now();
-        // The root counts the regions that asked within three region lease periods: this
-        // one says so once a period, alongside an ask; before its first ask, on its own,
-        // so that the first ask is not sized as if this region were alone.
-        if self.counted_at.load(Ordering::Relaxed) == 0 && self.count_regions().await {
-            self.counted_at.store(started.max(1), Ordering::Relaxed);
-        }
-        let due = started.saturating_sub(self.counted_at.load(Ordering::Relaxed)) >= self.period;
-        if due {
-            self.counted_at.store(started.max(1), Ordering::Relaxed);
-        }
+        let due = self.count_due(started).await;
         let (_, grants) = futures_util::future::join(
             async {
                 if due {
@@ -109,6 +83,49 @@ impl Core {
             self.totals.late.fetch_add(late.units, Ordering::Relaxed);
             self.hand_back(&[(key, limit, late)]).await;
         }
+    }
+
+    /// The root lease of the ask `answer` (a take's) made.
+    fn lease_ask(
+        &self,
+        key: &CounterKey,
+        limit: &Limit,
+        answer: &PoolAnswer,
+        ask: &RootAsk,
+    ) -> LeaseAsk {
+        LeaseAsk {
+            key: key.clone(),
+            limit: *limit,
+            take: Take::Lease(Ask {
+                want: ask.units.max(1),
+                need: 1,
+                instances: self.regions.load(Ordering::Relaxed),
+            }),
+            report: self.report(ask),
+            // The root's time as the pool knows it (never behind it) plus the deadline:
+            // an ask delivered later (held by a partition) grants nothing. Without a grant
+            // yet, the root's clock is not known: no such limit.
+            not_after: if answer.generation == 0 {
+                0
+            } else {
+                answer.root_now + micros(self.options.root_deadline)
+            },
+        }
+    }
+
+    /// Whether this region's count is due alongside an ask sent at `started` (local time).
+    /// The root counts the regions that asked within three region lease periods: this one
+    /// says so once a period, alongside an ask; before its first ask, on its own, so that
+    /// the first ask is not sized as if this region were alone.
+    async fn count_due(&self, started: Micros) -> bool {
+        if self.counted_at.load(Ordering::Relaxed) == 0 && self.count_regions().await {
+            self.counted_at.store(started.max(1), Ordering::Relaxed);
+        }
+        let due = started.saturating_sub(self.counted_at.load(Ordering::Relaxed)) >= self.period;
+        if due {
+            self.counted_at.store(started.max(1), Ordering::Relaxed);
+        }
+        due
     }
 
     /// Tells the root this region takes leases and learns how many do: whether it answered.
