@@ -39,7 +39,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use parking_lot::Mutex;
 
-pub use ask::{Grant, LeaseAsk, LeaseOptions, Report, Take};
+pub use ask::{ASK_KEPT, AskId, Grant, LeaseAsk, LeaseOptions, Report, Take};
 use block::{Block, Outcome};
 use round::Round;
 pub use sweep::{BlockView, LeaseStatus};

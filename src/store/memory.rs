@@ -103,6 +103,8 @@ struct Shared {
     last_epoch: AtomicU64,
     /// Regions' pools of global counters.
     pools: Mutex<pools::Pools>,
+    /// Each asker's last grant per counter, for its retry (see [`super::AskId`]).
+    asks: Mutex<HashMap<(u64, super::CounterKey), leases::Recorded>>,
 }
 
 struct Shard {
@@ -146,6 +148,7 @@ impl MemoryStore {
             epoch: Mutex::default(),
             last_epoch: AtomicU64::new(0),
             pools: Mutex::default(),
+            asks: Mutex::default(),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(sweep(Arc::downgrade(&shared)));

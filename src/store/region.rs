@@ -68,6 +68,11 @@ struct Core {
     hold: Micros,
     clock: Arc<dyn Clock>,
     regions: AtomicU64,
+    /// This region's name hashed: who asks the root (see [`super::lease::AskId`]).
+    asker: u64,
+    /// This instance's asks: numbered from a random start, so that two instances of the
+    /// region never name two asks alike (below 2^52: exact in the root script's numbers).
+    seq: AtomicU64,
     /// When this instance last told the root its region takes leases (local time).
     counted_at: AtomicU64,
     round_trip: AtomicU64,
@@ -102,6 +107,25 @@ struct Totals {
     lost_region_store: AtomicU64,
 }
 
+/// A random start for an instance's ask numbers.
+fn first_seq() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(std::process::id().into());
+    hasher.finish() & SEQ_MASK
+}
+
+/// Ask numbers stay below 2^52.
+const SEQ_MASK: u64 = (1 << 52) - 1;
+
+/// A region's name as the root's asker: FNV-1a, never 0.
+fn asker(region: &str) -> u64 {
+    let hash = region.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash.max(1)
+}
+
 fn micros(d: Duration) -> Micros {
     d.as_micros().min(u64::MAX as u128) as Micros
 }
@@ -130,6 +154,8 @@ impl Regions {
                 hold,
                 clock,
                 regions: AtomicU64::new(1),
+                asker: asker(&options.region),
+                seq: AtomicU64::new(first_seq()),
                 counted_at: AtomicU64::new(0),
                 round_trip: AtomicU64::new(100_000),
                 reachable: AtomicBool::new(true),

@@ -263,6 +263,7 @@ async fn leases_go_to_the_redis_their_counter_lives_on() {
             }),
             report: Default::default(),
             not_after: 0,
+            id: Default::default(),
         }
     };
     let grants = p

@@ -178,6 +178,7 @@ async fn an_ask_delivered_after_its_asker_gave_up_takes_nothing() {
         }),
         report: Default::default(),
         not_after,
+        id: Default::default(),
     };
     let now = clock.now();
     for shared in [&memory as &dyn Shared, &store] {
@@ -187,5 +188,51 @@ async fn an_ask_delivered_after_its_asker_gave_up_takes_nothing() {
         assert_eq!(late[0].decision.remaining, 100, "nothing was taken");
         let in_time = shared.lease(&[ask(now + 1)]).await.unwrap();
         assert_eq!(in_time[0].units, 10);
+    }
+}
+
+/// A region's ask asked again with the same id (its reply was lost) gets what the first got,
+/// at the first one's time, and takes nothing more, in memory as in Redis; another ask of the
+/// same asker, or the same ask of another asker, is a new one.
+#[tokio::test]
+async fn a_retried_ask_gets_what_it_was_granted_once() {
+    use sluice::algorithm::Ask;
+    use sluice::store::lease::AskId;
+    use sluice::store::{LeaseAsk, Take};
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
+    let options = RedisOptions {
+        key_prefix: "retry:".into(),
+        ..RedisOptions::new(redis.url(), RedisKind::Single)
+    };
+    let store = RedisStore::new(&options).unwrap().with_clock(clock.clone());
+    let limit = Limit::new(100, WINDOW, Algorithm::FixedWindow);
+    let ask = |asker, seq| LeaseAsk {
+        key: CounterKey::new("api", [("tenant", "a")], &limit).global(),
+        limit,
+        take: Take::Lease(Ask {
+            want: 10,
+            need: 1,
+            instances: 1,
+        }),
+        report: Default::default(),
+        not_after: 0,
+        id: AskId { asker, seq },
+    };
+    for shared in [&memory as &dyn Shared, &store] {
+        let first_at = clock.now();
+        let first = shared.lease(&[ask(7, 41)]).await.unwrap()[0];
+        clock.advance(SECOND);
+        let again = shared.lease(&[ask(7, 41)]).await.unwrap()[0];
+        assert_eq!((first.units, again.units), (10, 10));
+        assert_eq!(again.now, first_at, "the first grant's time");
+        assert_eq!(again.decision.remaining, 90, "taken once");
+        let next = shared.lease(&[ask(7, 42)]).await.unwrap()[0];
+        let other = shared.lease(&[ask(8, 42)]).await.unwrap()[0];
+        assert_eq!((next.units, other.units), (10, 10));
+        assert_eq!(other.decision.remaining, 70);
+        assert_eq!(again.decision.reset_after, first.decision.reset_after);
+        clock.advance(WINDOW);
     }
 }

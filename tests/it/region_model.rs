@@ -719,3 +719,29 @@ async fn units_lost_to_the_planet_are_counted_by_reason() {
     let status = regions.region_status();
     assert_eq!(status.units_lost[0], free, "{status:?}");
 }
+
+/// A grant whose reply is lost is not lost: the region asks again at once with the same ask,
+/// and the root answers with what it granted, once. Four lost replies on the way: the planet
+/// still admits the whole limit, and no more.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lost_reply_costs_nothing_and_grants_nothing_twice() {
+    let planet = planet(&[2]);
+    let limit = limit(600, WINDOW, Algorithm::FixedWindow, 600);
+    let mut total = 0;
+    for round in 0..4 {
+        planet.regions[0].link.state.lock().lose = 1;
+        total += rounds(&planet, &limit, 50, 4, 25_000)
+            .await
+            .iter()
+            .sum::<u64>();
+        assert_eq!(planet.regions[0].link.state.lock().lose, 0, "round {round}");
+    }
+    // What instances and pools still hold goes back once they are idle.
+    rounds(&planet, &limit, 20, 0, 250_000).await;
+    total += rounds(&planet, &limit, 100, 4, 25_000)
+        .await
+        .iter()
+        .sum::<u64>();
+    assert_eq!(root_left(&planet, &limit).await, 0);
+    assert_eq!(total, 600);
+}

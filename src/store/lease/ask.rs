@@ -43,7 +43,24 @@ pub struct LeaseAsk {
     /// has given up waiting (0: none). A region's ask to the root carries one: an ask held by
     /// a partition and delivered when it heals must not take units nobody will receive.
     pub not_after: Micros,
+    /// For a lease: who asks and which ask (`seq` 0: none). A region's ask to the root
+    /// carries one; a retry of it carries the same, and the store answers the retry with
+    /// what it granted the first time (kept for [`ASK_KEPT`]), so that a grant whose reply
+    /// was lost is not lost, and nothing is granted twice.
+    pub id: AskId,
 }
+
+/// Who asks (`asker`, a region's name hashed) and which of its asks (`seq`, never 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct AskId {
+    /// The asker.
+    pub asker: u64,
+    /// Its ask (0: none).
+    pub seq: u64,
+}
+
+/// How long a store keeps the last grant of each asker for each counter (µs), for a retry.
+pub const ASK_KEPT: Micros = 60_000_000;
 
 /// The learning rule's part of an ask: what the block admitted since its last call, from
 /// units of which epoch of the store (when a call last found it empty: new, flushed,

@@ -47,6 +47,7 @@ impl Round {
                 ..report
             },
             not_after: 0,
+            id: Default::default(),
         });
         self.leads.push((Some(i), digest));
     }
@@ -66,6 +67,7 @@ impl Round {
                 ..report
             },
             not_after: 0,
+            id: Default::default(),
         });
         self.leads.push((None, digest));
     }

@@ -4,8 +4,24 @@
 use std::sync::atomic::Ordering;
 
 use super::{MemoryStore, pools};
-use crate::algorithm::{self, Limit, Micros};
+use crate::algorithm::{self, Decision, Limit, Micros};
+use crate::store::lease::ASK_KEPT;
 use crate::store::{Grant, LeaseAsk, Take};
+
+/// Asks kept for their retries, at most (past it, expired ones go first; then none is kept:
+/// a retry is then a new ask, under and never over).
+const MAX_ASKS: usize = 100_000;
+
+/// An asker's last grant on a counter (`lua/lease.lua` keeps the same).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Recorded {
+    seq: u64,
+    units: u64,
+    /// The store's time of the grant.
+    at: Micros,
+    reset_after: Micros,
+    until: Micros,
+}
 
 impl MemoryStore {
     /// Each ask on its own, under its counter's shard lock: a lease charges what
@@ -54,6 +70,31 @@ impl MemoryStore {
         let shared = &*self.shared;
         let digest = shared.digester.digest(&ask.key);
         let mut shard = shared.shards.of(&digest).lock();
+        let replay = match ask.take {
+            Take::Lease(_) if ask.id.seq != 0 => shared
+                .asks
+                .lock()
+                .get(&(ask.id.asker, ask.key.clone()))
+                .filter(|r| r.seq == ask.id.seq && now < r.until)
+                .copied(),
+            _ => None,
+        };
+        if let Some(r) = replay {
+            // A retry of an ask already granted: what it got, once.
+            let current = shard.get(&digest, ask.limit.algorithm, now);
+            let t = algorithm::decide(current.as_ref(), &ask.limit, now, 0);
+            return Grant {
+                units: r.units,
+                decision: Decision {
+                    allowed: r.units > 0,
+                    reset_after: r.reset_after,
+                    retry_after: None,
+                    ..t.decision
+                },
+                now: r.at,
+                epoch: born,
+            };
+        }
         let older = ask.report.epoch != 0 && ask.report.epoch != born;
         if older && ask.report.admitted > 0 {
             // Admitted from units of an older epoch: charged, past the limit if need be.
@@ -104,6 +145,22 @@ impl MemoryStore {
         if hits != 0 {
             shared.store(&mut shard, digest, t, hits, now);
         }
+        if matches!(ask.take, Take::Lease(_)) && ask.id.seq != 0 {
+            let recorded = Recorded {
+                seq: ask.id.seq,
+                units,
+                at: now,
+                reset_after: t.decision.reset_after,
+                until: now.saturating_add(ASK_KEPT),
+            };
+            let mut asks = shared.asks.lock();
+            if asks.len() >= MAX_ASKS {
+                asks.retain(|_, r| r.until > now);
+            }
+            if asks.len() < MAX_ASKS {
+                asks.insert((ask.id.asker, ask.key.clone()), recorded);
+            }
+        }
         Grant {
             units,
             decision: t.decision,
@@ -123,5 +180,6 @@ impl MemoryStore {
         }
         *shared.epoch.lock() = (0, 0);
         *shared.pools.lock() = pools::Pools::default();
+        shared.asks.lock().clear();
     }
 }

@@ -28,7 +28,7 @@ pub(super) static INSTANCES: LazyLock<Script> = LazyLock::new(|| Script::new(INS
 /// values per ask at these offsets. The other half is `lua/lease.lua`, which reads them
 /// under the same names.
 mod args {
-    pub const PER_ASK: usize = 12;
+    pub const PER_ASK: usize = 13;
     pub const ALGORITHM: usize = 0;
     pub const LIMIT: usize = 1;
     pub const WINDOW: usize = 2;
@@ -46,8 +46,12 @@ mod args {
     pub const HOLD: usize = 10;
     /// For a lease: the time after which nothing is granted (0: none).
     pub const NOT_AFTER: usize = 11;
-    /// Values per ask in the answer: units, allowed, remaining, reset, retry.
-    pub const PER_GRANT: usize = 5;
+    /// For a lease: which ask of its asker ([`crate::store::AskId`]; 0: none), kept under
+    /// the ask's second key (the asker's) for a retry.
+    pub const SEQ: usize = 12;
+    /// Values per ask in the answer: units, allowed, remaining, reset, retry, the time of
+    /// the grant (a retry's: the first one's; 0: the call's).
+    pub const PER_GRANT: usize = 6;
 }
 
 impl RedisStore {
@@ -107,16 +111,33 @@ impl RedisStore {
 }
 
 impl Shared {
+    /// Where an ask with an id is kept for its retry: beside its counter (its hash slot),
+    /// per asker. (An ask without one names its counter, which the script leaves alone.)
+    fn ask_key(&self, ask: &LeaseAsk) -> String {
+        let counter = format!("{}{}", self.prefix, ask.key);
+        if ask.id.seq == 0 {
+            return counter;
+        }
+        let tag = slot::tag_for(slot::slot(counter.as_bytes()));
+        format!(
+            "{}sluice_ask{{{tag}}}|{}|{}",
+            self.prefix, ask.id.asker, ask.key
+        )
+    }
+
     /// One lease script call over `asks` (all on one node, one slot), with the key of the
     /// store's epoch there (`epoch`).
     async fn lease_call(&self, asks: &[LeaseAsk], epoch: String) -> Result<Vec<Grant>, StoreError> {
         let now = self.clock.get().map_or(0, |c| c.now());
-        let mut cmd = Cmd::with_capacity(5 + asks.len() * (1 + args::PER_ASK), 64 * asks.len());
+        let mut cmd = Cmd::with_capacity(5 + asks.len() * (2 + args::PER_ASK), 96 * asks.len());
         cmd.arg("EVALSHA")
             .arg(LEASES.get_hash())
-            .arg(asks.len() + 1);
+            .arg(2 * asks.len() + 1);
         for ask in asks {
             cmd.arg(format!("{}{}", self.prefix, ask.key));
+        }
+        for ask in asks {
+            cmd.arg(self.ask_key(ask));
         }
         cmd.arg(epoch);
         cmd.arg(now);
@@ -194,6 +215,7 @@ fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
     values[args::ADMITTED] = clamp(ask.report.admitted);
     values[args::HOLD] = clamp(ask.report.hold);
     values[args::NOT_AFTER] = clamp(ask.not_after);
+    values[args::SEQ] = clamp(ask.id.seq);
     // (A hand-back names what the counter must still be at: its window's start, or the
     // bucket's arrival time the lease left; lua/lease.lua checks it.)
     match ask.take {
@@ -238,7 +260,7 @@ fn decode(values: &[i64], asks: usize) -> Result<Vec<Grant>, StoreError> {
                 reset_after: micros(g[3]),
                 retry_after: (g[1] != 1 && g[4] >= 0).then(|| micros(g[4])),
             },
-            now: micros(now),
+            now: micros(if g[5] > 0 { g[5] } else { now }),
             epoch: micros(epoch),
         })
         .collect())
@@ -252,13 +274,13 @@ mod tests {
     fn answers_that_do_not_add_up_are_refused() {
         assert!(decode(&[], 0).is_err());
         assert!(decode(&[5, 1, 1, 1, 0, 0], 1).is_err());
-        let grants = decode(&[7, 6, 3, 1, 9, 100, -1, 0, 0, 0, 50, 40], 2).unwrap();
+        let grants = decode(&[7, 6, 3, 1, 9, 100, -1, 5, 0, 0, 0, 50, 40, 0], 2).unwrap();
         assert_eq!(grants[0].units, 3);
         assert!(grants[0].decision.allowed);
         assert_eq!(grants[0].decision.retry_after, None);
         assert!(!grants[1].decision.allowed);
         assert_eq!(grants[1].decision.retry_after, Some(40));
-        assert_eq!(grants[1].now, 7);
+        assert_eq!((grants[0].now, grants[1].now), (5, 7));
         assert_eq!(grants[1].epoch, 6);
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::{Core, micros};
 use crate::algorithm::{Algorithm, Ask, Limit, Micros};
+use crate::store::lease::AskId;
 use crate::store::pool::{Install, MAX_INTERVAL, PoolAnswer, PoolKind, PoolOp, RootAsk};
 use crate::store::{CounterKey, Grant, LeaseAsk, Report, StoreError, Take};
 
@@ -41,7 +42,7 @@ impl Core {
         let lease = self.lease_ask(&key, &limit, &answer, &ask);
         let started = self.clock.now();
         let due = self.count_due(started).await;
-        let (_, grants) = futures_util::future::join(
+        let (_, mut grants) = futures_util::future::join(
             async {
                 if due {
                     self.count_regions().await;
@@ -50,7 +51,22 @@ impl Core {
             self.root_call(self.root.lease(std::slice::from_ref(&lease))),
         )
         .await;
-        let elapsed = self.clock.now().saturating_sub(started);
+        let mut elapsed = self.clock.now().saturating_sub(started);
+        if grants.is_err() && elapsed < micros(self.options.root_deadline) / 2 {
+            // A call that failed fast (a reset connection) may have been applied with its
+            // reply lost: asked again, the same ask gets what it was granted, once.
+            let retry = LeaseAsk {
+                not_after: match lease.not_after {
+                    0 => 0,
+                    not_after => not_after + elapsed,
+                },
+                ..lease
+            };
+            grants = self
+                .root_call(self.root.lease(std::slice::from_ref(&retry)))
+                .await;
+            elapsed = self.clock.now().saturating_sub(started);
+        }
         let retry = |after: Micros| answer.now + elapsed + after.min(self.period / 4);
         let install = match grants.map(|g| g.first().copied()) {
             Ok(Some(grant)) => {
@@ -110,7 +126,17 @@ impl Core {
             } else {
                 answer.root_now + micros(self.options.root_deadline)
             },
+            id: AskId {
+                asker: self.asker,
+                seq: self.next_seq(),
+            },
         }
+    }
+
+    /// A new ask's number (never 0).
+    fn next_seq(&self) -> u64 {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & super::SEQ_MASK;
+        seq.max(1)
     }
 
     /// Whether this region's count is due alongside an ask sent at `started` (local time).
@@ -195,6 +221,7 @@ impl Core {
                 },
                 report: self.report(back),
                 not_after: 0,
+                id: Default::default(),
             })
             .collect();
         let offered: u64 = backs.iter().map(|(_, _, back)| back.units).sum();

@@ -12,8 +12,9 @@
 -- an older epoch seen within `hold` of the epoch's birth means the store was wiped under
 -- blocks: nothing is granted until `born + hold`, by when each of them must have reported.
 --
--- KEYS     one counter per ask (a key may repeat: each ask sees the ones before it), then the
---          epoch key
+-- KEYS     one counter per ask (a key may repeat: each ask sees the ones before it), then one
+--          key per ask where its asker's last grant on the counter is kept for a retry
+--          (unused without an ask id), then the epoch key
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
 -- ARGV[..] twelve values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
 --          4 concurrency), limit, window (µs), burst, want (the most units to take; negative:
@@ -24,17 +25,21 @@
 --          within a microsecond: tokens go back only while no charge came after them), epoch
 --          (of the block's units; 0: none), admitted (units the block admitted since its last
 --          call), hold (µs), not after (for a lease: the time after which nothing is granted,
---          its asker having given up; 0: none)
+--          its asker having given up; 0: none), ask id (for a lease: which ask of its asker,
+--          0: none; a retry with the id kept gets what the first got: "seq units at reset")
 -- Returns  {now, epoch, then per ask: units taken (for a hand-back: units handed back), 1 if
 --          the ask's need is admitted (else 0), remaining, reset_after, retry_after (-1:
---          none)}, times in microseconds
+--          none), the grant's time (a retry's: the first one's; 0: now)}, times in
+--          microseconds
 -- The argument layout, defined once in Rust (`mod args` in src/store/redis/lease.rs).
-local PER_ASK = 12
+local PER_ASK = 13
 local ALGORITHM, LIMIT, WINDOW, BURST, WANT, NEED, INSTANCES, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
-local EPOCH, ADMITTED, HOLD, NOT_AFTER = 8, 9, 10, 11
+local EPOCH, ADMITTED, HOLD, NOT_AFTER, SEQ = 8, 9, 10, 11, 12
+-- How long an asker's last grant is kept for its retry (ms; `ASK_KEPT` in Rust).
+local ASK_KEPT_MS = 60000
 local TOKEN_BUCKET, CONCURRENCY = 3, 4
 
-local asks = #KEYS - 1
+local asks = (#KEYS - 1) / 2
 local epoch_key = KEYS[#KEYS]
 local born, hold_until = 0, 0
 local raw_epoch = redis.call('GET', epoch_key)
@@ -78,73 +83,96 @@ for k = 1, asks do
     st = raw and decoders[algorithm](raw) or false
   end
   local units, allowed, remaining, reset, retry, next_state, expires
-  local epoch, admitted = tonumber(ARGV[a + EPOCH]), safe(tonumber(ARGV[a + ADMITTED]))
-  local older = epoch ~= 0 and epoch ~= born
-  if older and admitted > 0 then
-    -- Admitted from units of an older epoch: charged, past the limit if need be.
-    local _, _, _, _, charged, charged_expires = step(
-      st, limit, window, burst, now, admitted, -1, true)
-    if charged then
-      st = charged
-      redis.call('SET', key, encoders[algorithm](charged), 'PXAT', ceil(charged_expires))
+  local seq, at = tonumber(ARGV[a + SEQ]), 0
+  local replay = nil
+  if want > 0 and seq > 0 then
+    -- A retry of an ask already granted (its reply lost): what it got, once.
+    local raw = redis.call('GET', KEYS[asks + k])
+    if raw then
+      local s, u, t, r, untl = match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+      if s and tonumber(s) == seq and now < tonumber(untl) then
+        replay = { tonumber(u), tonumber(t), tonumber(r) }
+      end
     end
   end
-  if want == 0 and tonumber(ARGV[a + NEED]) == 0 or want < 0 and older then
-    -- Only the report; or a hand-back of units that died with their epoch.
-    units = 0
-    allowed, remaining, reset, retry = step(st, limit, window, burst, now, 0, -1)
-    next_state = nil
-  elseif want > 0 and tonumber(ARGV[a + NOT_AFTER]) > 0 and now > tonumber(ARGV[a + NOT_AFTER]) then
-    -- Too late: its asker has given up waiting (an ask held by a partition): nothing taken.
-    units, allowed, retry = 0, false, -1
+  if replay then
     local _
-    _, remaining, reset = step(st, limit, window, burst, now, 0, -1)
+    _, remaining = step(st, limit, window, burst, now, 0, -1)
+    units, allowed, reset, retry, at = replay[1], replay[1] > 0, replay[3], -1, replay[2]
     next_state = nil
-  elseif want > 0 and now < hold_until then
-    -- The store was wiped under blocks that have not all reported: nothing is granted.
-    units, allowed = 0, false
-    local _
-    _, remaining, reset = step(st, limit, window, burst, now, 0, -1)
-    retry = hold_until - now
-    next_state = nil
-  elseif want < 0 then
-    -- A hand-back, if the counter is still as the lease left it (mirrors
-    -- LeaseAsk::give_back_hits): in the lease's window; a token bucket at the arrival time
-    -- the lease left, within a microsecond.
-    local guard, intact = tonumber(ARGV[a + GUARD]), false
-    if algorithm == TOKEN_BUCKET then
-      intact = st and math.abs(st[1] - guard) <= 1
-    else
-      intact = now - (now % window) == guard
+  else
+    local epoch, admitted = tonumber(ARGV[a + EPOCH]), safe(tonumber(ARGV[a + ADMITTED]))
+    local older = epoch ~= 0 and epoch ~= born
+    if older and admitted > 0 then
+      -- Admitted from units of an older epoch: charged, past the limit if need be.
+      local _, _, _, _, charged, charged_expires = step(
+        st, limit, window, burst, now, admitted, -1, true)
+      if charged then
+        st = charged
+        redis.call('SET', key, encoders[algorithm](charged), 'PXAT', ceil(charged_expires))
+      end
     end
-    units = 0
-    if intact then
-      allowed, remaining, reset, retry, next_state, expires = step(
-        st, limit, window, burst, now, want, -1)
-      units = -want
-    else
+    if want == 0 and tonumber(ARGV[a + NEED]) == 0 or want < 0 and older then
+      -- Only the report; or a hand-back of units that died with their epoch.
+      units = 0
       allowed, remaining, reset, retry = step(st, limit, window, burst, now, 0, -1)
       next_state = nil
-    end
-  else
-    -- What the counter would still admit; a block is at most a share of it.
-    local ok, left = step(st, limit, window, burst, now, 0, -1)
-    if not ok then left = 0 end
-    local block = need
-    if algorithm ~= CONCURRENCY and left >= need then
-      local share = floor(left / (2 * max(tonumber(ARGV[a + INSTANCES]), 1)))
-      block = min(max(min(want, share), need), left)
-    end
-    allowed, remaining, reset, retry, next_state, expires = step(
-      st, limit, window, burst, now, block, -1)
-    if not allowed and block > need then
-      -- A fractional estimate that the whole block just misses: the need decides.
-      block = need
+    elseif want > 0 and tonumber(ARGV[a + NOT_AFTER]) > 0 and now > tonumber(ARGV[a + NOT_AFTER]) then
+      -- Too late: its asker has given up waiting (an ask held by a partition): nothing taken.
+      units, allowed, retry = 0, false, -1
+      local _
+      _, remaining, reset = step(st, limit, window, burst, now, 0, -1)
+      next_state = nil
+    elseif want > 0 and now < hold_until then
+      -- The store was wiped under blocks that have not all reported: nothing is granted.
+      units, allowed = 0, false
+      local _
+      _, remaining, reset = step(st, limit, window, burst, now, 0, -1)
+      retry = hold_until - now
+      next_state = nil
+    elseif want < 0 then
+      -- A hand-back, if the counter is still as the lease left it (mirrors
+      -- LeaseAsk::give_back_hits): in the lease's window; a token bucket at the arrival time
+      -- the lease left, within a microsecond.
+      local guard, intact = tonumber(ARGV[a + GUARD]), false
+      if algorithm == TOKEN_BUCKET then
+        intact = st and math.abs(st[1] - guard) <= 1
+      else
+        intact = now - (now % window) == guard
+      end
+      units = 0
+      if intact then
+        allowed, remaining, reset, retry, next_state, expires = step(
+          st, limit, window, burst, now, want, -1)
+        units = -want
+      else
+        allowed, remaining, reset, retry = step(st, limit, window, burst, now, 0, -1)
+        next_state = nil
+      end
+    else
+      -- What the counter would still admit; a block is at most a share of it.
+      local ok, left = step(st, limit, window, burst, now, 0, -1)
+      if not ok then left = 0 end
+      local block = need
+      if algorithm ~= CONCURRENCY and left >= need then
+        local share = floor(left / (2 * max(tonumber(ARGV[a + INSTANCES]), 1)))
+        block = min(max(min(want, share), need), left)
+      end
       allowed, remaining, reset, retry, next_state, expires = step(
         st, limit, window, burst, now, block, -1)
+      if not allowed and block > need then
+        -- A fractional estimate that the whole block just misses: the need decides.
+        block = need
+        allowed, remaining, reset, retry, next_state, expires = step(
+          st, limit, window, burst, now, block, -1)
+      end
+      units = allowed and block or 0
+      if not allowed then next_state = nil end
     end
-    units = allowed and block or 0
-    if not allowed then next_state = nil end
+    if want > 0 and seq > 0 then
+      redis.call('SET', KEYS[asks + k], format('%d %d %d %d %d', seq, units, now,
+        max(safe(reset), 0), now + ASK_KEPT_MS * 1000), 'PX', ASK_KEPT_MS)
+    end
   end
   if next_state then
     current[key] = next_state
@@ -153,7 +181,7 @@ for k = 1, asks do
     current[key] = st
   end
   out[o + 1], out[o + 2], out[o + 3] = units, allowed and 1 or 0, max(safe(remaining), 0)
-  out[o + 4], out[o + 5] = max(safe(reset), 0), max(safe(retry), -1)
-  o = o + 5
+  out[o + 4], out[o + 5], out[o + 6] = max(safe(reset), 0), max(safe(retry), -1), at
+  o = o + 6
 end
 return out
