@@ -16,7 +16,7 @@
 --          key per ask where its asker's last grant on the counter is kept for a retry
 --          (unused without an ask id), then the epoch key
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
--- ARGV[..] twelve values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
+-- ARGV[..] thirteen values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
 --          4 concurrency), limit, window (µs), burst, want (the most units to take; negative:
 --          that many units handed back; 0 with need 0: only the report), need (the fewest
 --          worth taking), instances (those sharing the counter recently), guard (for a
