@@ -99,6 +99,14 @@ impl CounterKey {
         Self(key.into_boxed_str())
     }
 
+    /// A global fixed window's counter at the root for the window starting at `start` (µs):
+    /// one key per window, so that a region can charge the next window ahead of it. Still a
+    /// global key (`@<start>` goes before `|global`).
+    pub fn windowed(self, start: u64) -> Self {
+        let base = self.0.strip_suffix(GLOBAL).unwrap_or(&self.0);
+        Self(format!("{base}@{start}{GLOBAL}").into_boxed_str())
+    }
+
     /// Whether this is a global counter's key ([`CounterKey::global`]).
     pub fn is_global(&self) -> bool {
         self.0.ends_with(GLOBAL)

@@ -20,6 +20,9 @@
 //! - Units come back from blocks (guarded by the pool's generation and root window) and go
 //!   back to the root when nobody in the region takes any (withdrawn first, so that no
 //!   instance can take them while they travel).
+//! - A fixed window's pool that ends with its window asks for the next one a lead ahead: the
+//!   grant waits as the next pool until the latest the root's window can start in region
+//!   time, then becomes the pool.
 //!
 //! A token bucket's pool holds tokens, which the root bucket refills as time passes: a pool
 //! may hold only the tokens the root still counts as taken, or the root and the region would
@@ -111,6 +114,9 @@ pub struct Timing {
     /// (`⌈L × period / window⌉`), so that a new key is not asked for one unit at a time
     /// while its rate is learned.
     pub floor: u64,
+    /// Whether a pool that ends with its window asks for the next one ahead of it (a fixed
+    /// window's, whose root counter is one per window).
+    pub advance: bool,
 }
 
 /// The root's answer to a pool's ask, installed in the pool by the asker.
@@ -142,6 +148,9 @@ pub struct Install {
     pub retry_at: Micros,
     /// Whether the root did not answer (the pool then says so to its takers).
     pub failed: bool,
+    /// Region time before which the units may not be taken (a grant for the next window,
+    /// from the latest the root's window can start in region time); 0: at once.
+    pub from: Micros,
 }
 
 /// The pool's answer to one operation.
@@ -192,6 +201,25 @@ pub struct RootAsk {
     pub used: u64,
     /// The root window's start, root time (a hand-back's guard).
     pub guard: Micros,
+    /// An ask for the next window, ahead of it.
+    pub next: bool,
+}
+
+/// A fixed window's next pool, granted ahead of its window: it becomes the pool at `from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Next {
+    /// Units granted (0: none).
+    pub granted: u64,
+    /// Its root window's start, epoch and offset (see [`Install`]).
+    pub guard: Micros,
+    /// See above.
+    pub epoch: Micros,
+    /// See above.
+    pub offset: i64,
+    /// Region time from which, and until which, its units may be taken.
+    pub from: Micros,
+    /// See above.
+    pub until: Micros,
 }
 
 /// A pool's state.
@@ -232,6 +260,8 @@ pub struct Pool {
     /// A token bucket's pool: units of its last grant, the most a hand-back returns (they
     /// are the root bucket's last tokens, while its arrival time is the pool's guard).
     pub last_grant: u64,
+    /// A fixed window's next pool, if granted ahead of its window.
+    pub next: Next,
 }
 
 impl Pool {
@@ -242,6 +272,7 @@ impl Pool {
             *self = Pool::default();
         }
         self.evaporate(now);
+        self.promote(now);
         let mut answer = match *kind {
             PoolKind::Take {
                 want,
@@ -350,6 +381,7 @@ impl Pool {
         self.until
             .max(self.asking_until)
             .max(self.asked_at)
+            .max(self.next.until)
             .saturating_add(KEEP)
     }
 
@@ -394,9 +426,16 @@ impl Pool {
         let window_end = (self.guard + timing.window).saturating_add_signed(-self.offset);
         // (A window's pool that ends with its window asks at the next window's first take;
         // a token bucket has no window.)
-        let ending = now.saturating_add(timing.lead) >= self.until
-            && (self.interval > 0 || self.until < window_end);
-        if units > 0 && left >= low_water.max(1) && !ending {
+        let within_lead = now.saturating_add(timing.lead) >= self.until;
+        let ending = within_lead && (self.interval > 0 || self.until < window_end);
+        // A pool that ends with its window asks for the next one, once, a lead ahead.
+        let advance = timing.advance
+            && within_lead
+            && self.interval == 0
+            && self.generation != 0
+            && self.until >= window_end
+            && self.next.granted == 0;
+        if units > 0 && left >= low_water.max(1) && !ending && !advance {
             return answer;
         }
         self.asking_until = now.saturating_add(timing.ask_ttl);
@@ -410,6 +449,7 @@ impl Pool {
             admitted: self.used.saturating_sub(self.reported),
             used: self.used,
             guard: self.guard,
+            next: advance,
         });
         answer
     }
@@ -421,6 +461,9 @@ impl Pool {
             return PoolAnswer::default();
         }
         let ends = install.asked_at.saturating_add(install.left);
+        if install.units > 0 && install.from > now && install.interval == 0 && ends > install.from {
+            return self.install_next(install, ends);
+        }
         // The same pool while the root window and epoch are: an ended one comes back with
         // what it still had free (counted at the root, never admitted), and blocks taken
         // from it can still give back to it. A token bucket's: while the root's epoch is.
@@ -477,6 +520,54 @@ impl Pool {
             units: install.units,
             ..PoolAnswer::default()
         }
+    }
+
+    /// A grant for the next window (ahead of it): the next pool, added to it if it is the
+    /// same window and epoch, else in its place.
+    fn install_next(&mut self, install: &Install, ends: Micros) -> PoolAnswer {
+        let next = &mut self.next;
+        if next.granted > 0 && next.guard == install.guard && next.epoch == install.epoch {
+            next.granted += install.units;
+            next.from = next.from.max(install.from);
+            next.until = next.until.max(ends);
+            next.offset = next.offset.max(install.offset);
+        } else {
+            *next = Next {
+                granted: install.units,
+                guard: install.guard,
+                epoch: install.epoch,
+                offset: install.offset,
+                from: install.from,
+                until: ends,
+            };
+        }
+        PoolAnswer {
+            units: install.units,
+            ..PoolAnswer::default()
+        }
+    }
+
+    /// The next pool becomes the pool once its time has come (the old one's window is over).
+    fn promote(&mut self, now: Micros) {
+        if self.next.granted == 0 || now < self.next.from {
+            return;
+        }
+        let next = std::mem::take(&mut self.next);
+        *self = Pool {
+            granted: next.granted,
+            used: 0,
+            guard: next.guard,
+            epoch: next.epoch,
+            generation: now.max(self.generation + 1),
+            until: next.until,
+            offset: next.offset,
+            reported: 0,
+            failed: false,
+            interval: 0,
+            full_at: 0,
+            last_grant: 0,
+            ..*self
+        };
     }
 
     /// A token bucket's grant into its pool: its tokens end at the root's arrival time (in
@@ -548,6 +639,7 @@ impl Pool {
                 admitted: unreported,
                 used: self.used,
                 guard: self.guard,
+                next: false,
             }),
             ..PoolAnswer::default()
         }

@@ -422,6 +422,7 @@ impl Core {
             ask_ttl: 2 * micros(self.options.root_deadline),
             window,
             floor: floor.min(limit.requests as u128) as u64,
+            advance: limit.algorithm == crate::algorithm::Algorithm::FixedWindow,
         }
     }
 

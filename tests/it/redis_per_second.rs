@@ -264,6 +264,7 @@ async fn leases_go_to_the_redis_their_counter_lives_on() {
             report: Default::default(),
             not_after: 0,
             id: Default::default(),
+            start: 0,
         }
     };
     let grants = p

@@ -18,11 +18,12 @@ const WINDOW: Micros = 60 * SECOND;
 const TENANTS: [&str; 3] = ["a", "b", "c"];
 
 const TIMING: Timing = Timing {
-    lead: 300_000,
+    lead: 20 * SECOND,
     period: 2 * SECOND,
     ask_ttl: 2 * SECOND,
     window: WINDOW,
     floor: 3,
+    advance: true,
 };
 
 fn kind() -> impl Strategy<Value = PoolKind> {
@@ -43,11 +44,14 @@ fn kind() -> impl Strategy<Value = PoolKind> {
             }
         }),
         2 => (
-            (0u64..100, prop_oneof![4 => Just(1u64), 1 => Just(0)], 0u64..3 * SECOND, prop_oneof![4 => Just(false), 1 => Just(true)], 0i64..5_000),
+            (0u64..100, prop_oneof![4 => Just(1u64), 1 => Just(0)], prop_oneof![0u64..3 * SECOND, 0u64..90 * SECOND], prop_oneof![4 => Just(false), 1 => Just(true)], 0i64..5_000),
             prop_oneof![Just(0u64), Just(10_000_000u64), Just(3_333_334)],
             0u64..5 * SECOND,
+            prop_oneof![2 => Just(0u64), 1 => 1..2 * SECOND],
         )
-            .prop_map(|((units, epoch, left, failed, offset), interval, full_in)| PoolKind::Install(Install {
+            .prop_map(|((units, epoch, left, failed, offset), interval, full_in, from)| PoolKind::Install(Install {
+                // A grant for the next window when not 0 (made a time ahead in `place`).
+                from,
                 units,
                 // A token bucket's time until full (made its arrival time in `place`).
                 guard: full_in,
@@ -88,17 +92,32 @@ fn place(kind: PoolKind, last: &sluice::store::PoolAnswer, now: Micros) -> PoolK
             PoolKind::Install(Install {
                 guard: root_now + units_time + install.guard,
                 asked_at: now.saturating_sub(install.left / 3),
+                from: 0,
+                reported: last.free / 2,
+                retry_at: now + SECOND / 4,
+                ..install
+            })
+        }
+        PoolKind::Install(install) if install.from > 0 => {
+            // For the next window, from a while ahead.
+            let root_now = now + install.offset as Micros;
+            PoolKind::Install(Install {
+                guard: root_now - root_now % WINDOW + WINDOW,
+                asked_at: now.saturating_sub(install.left / 3),
+                from: now + install.from,
                 reported: last.free / 2,
                 retry_at: now + SECOND / 4,
                 ..install
             })
         }
         PoolKind::Install(install) => {
-            let root_now = now + install.offset as Micros;
+            // As the region makes it: the root's window at the ask, no longer than it.
+            let asked_at = now.saturating_sub(install.left / 3);
+            let root_then = asked_at + install.offset as Micros;
             PoolKind::Install(Install {
-                guard: root_now - root_now % WINDOW,
-                asked_at: now.saturating_sub(install.left / 3),
-                left: install.left.min(WINDOW - root_now % WINDOW),
+                guard: root_then - root_then % WINDOW,
+                asked_at,
+                left: install.left.min(WINDOW - root_then % WINDOW),
                 reported: last.free / 2,
                 retry_at: now + SECOND / 4,
                 ..install
@@ -179,6 +198,7 @@ async fn an_ask_delivered_after_its_asker_gave_up_takes_nothing() {
         report: Default::default(),
         not_after,
         id: Default::default(),
+        start: 0,
     };
     let now = clock.now();
     for shared in [&memory as &dyn Shared, &store] {
@@ -219,6 +239,7 @@ async fn a_retried_ask_gets_what_it_was_granted_once() {
         report: Default::default(),
         not_after: 0,
         id: AskId { asker, seq },
+        start: 0,
     };
     for shared in [&memory as &dyn Shared, &store] {
         let first_at = clock.now();

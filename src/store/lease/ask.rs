@@ -48,6 +48,10 @@ pub struct LeaseAsk {
     /// what it granted the first time (kept for [`ASK_KEPT`]), so that a grant whose reply
     /// was lost is not lost, and nothing is granted twice.
     pub id: AskId,
+    /// A fixed window's start the ask is for (0: the store's current window): a region asks
+    /// the root for the next window ahead of it (decided as at its start), and a window that
+    /// is over grants nothing and takes nothing back.
+    pub start: Micros,
 }
 
 /// Who asks (`asker`, a region's name hashed) and which of its asks (`seq`, never 0).

@@ -48,6 +48,7 @@ impl Round {
             },
             not_after: 0,
             id: Default::default(),
+            start: 0,
         });
         self.leads.push((Some(i), digest));
     }
@@ -68,6 +69,7 @@ impl Round {
             },
             not_after: 0,
             id: Default::default(),
+            start: 0,
         });
         self.leads.push((None, digest));
     }

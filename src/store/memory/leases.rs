@@ -108,7 +108,15 @@ impl MemoryStore {
             shared.store(&mut shard, digest, t, hits, now);
         }
         let current = shard.get(&digest, ask.limit.algorithm, now);
+        // An ask for a given window: decided as at its start, nothing once it is over.
+        let over = ask.start != 0 && now >= ask.start.saturating_add(ask.limit.window);
+        let at = now.max(ask.start);
         let (units, mut t, hits) = match ask.take {
+            _ if over => (
+                0,
+                algorithm::decide(current.as_ref(), &ask.limit, now, 0),
+                0,
+            ),
             Take::Lease(_) if ask.not_after != 0 && now > ask.not_after => (
                 0,
                 algorithm::decide(current.as_ref(), &ask.limit, now, 0),
@@ -120,7 +128,7 @@ impl MemoryStore {
                 0,
             ),
             Take::Lease(want) => {
-                let (units, t) = algorithm::lease(current.as_ref(), &ask.limit, now, want);
+                let (units, t) = algorithm::lease(current.as_ref(), &ask.limit, at, want);
                 (units, t, units as i64)
             }
             Take::GiveBack { .. } if older => (
@@ -129,13 +137,13 @@ impl MemoryStore {
                 0,
             ),
             Take::GiveBack { .. } => {
-                let hits = ask.give_back_hits(current.as_ref(), now);
-                let t = algorithm::decide(current.as_ref(), &ask.limit, now, hits);
+                let hits = ask.give_back_hits(current.as_ref(), at);
+                let t = algorithm::decide(current.as_ref(), &ask.limit, at, hits);
                 (hits.unsigned_abs(), t, hits)
             }
         };
-        if matches!(ask.take, Take::Lease(_)) && ask.not_after != 0 && now > ask.not_after {
-            // Too late: its asker has given up.
+        if over || matches!(ask.take, Take::Lease(_)) && ask.not_after != 0 && now > ask.not_after {
+            // Too late: its window is over, or its asker has given up.
             t.decision.allowed = false;
             t.decision.retry_after = None;
         } else if matches!(ask.take, Take::Lease(_)) && now < hold_until {

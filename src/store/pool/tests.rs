@@ -8,6 +8,7 @@ const TIMING: Timing = Timing {
     ask_ttl: 2_000_000,
     window: 60_000_000,
     floor: 1,
+    advance: false,
 };
 
 fn take(pool: &mut Pool, want: u64, need: u64, now: Micros) -> PoolAnswer {

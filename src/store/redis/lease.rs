@@ -28,7 +28,7 @@ pub(super) static INSTANCES: LazyLock<Script> = LazyLock::new(|| Script::new(INS
 /// values per ask at these offsets. The other half is `lua/lease.lua`, which reads them
 /// under the same names.
 mod args {
-    pub const PER_ASK: usize = 13;
+    pub const PER_ASK: usize = 14;
     pub const ALGORITHM: usize = 0;
     pub const LIMIT: usize = 1;
     pub const WINDOW: usize = 2;
@@ -49,6 +49,8 @@ mod args {
     /// For a lease: which ask of its asker ([`crate::store::AskId`]; 0: none), kept under
     /// the ask's second key (the asker's) for a retry.
     pub const SEQ: usize = 12;
+    /// A fixed window's start the ask is for (0: the current one).
+    pub const START: usize = 13;
     /// Values per ask in the answer: units, allowed, remaining, reset, retry, the time of
     /// the grant (a retry's: the first one's; 0: the call's).
     pub const PER_GRANT: usize = 6;
@@ -216,6 +218,7 @@ fn encode(ask: &LeaseAsk) -> [i64; args::PER_ASK] {
     values[args::HOLD] = clamp(ask.report.hold);
     values[args::NOT_AFTER] = clamp(ask.not_after);
     values[args::SEQ] = clamp(ask.id.seq);
+    values[args::START] = clamp(ask.start);
     // (A hand-back names what the counter must still be at: its window's start, or the
     // bucket's arrival time the lease left; lua/lease.lua checks it.)
     match ask.take {

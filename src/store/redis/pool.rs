@@ -19,8 +19,8 @@ static POOLS: LazyLock<Script> = LazyLock::new(|| Script::new(POOL_SCRIPT));
 
 /// The script's layout, defined once; `lua/pool.lua` reads it under the same names.
 mod args {
-    /// Values per operation: its kind, then ten.
-    pub const PER_OP: usize = 11;
+    /// Values per operation: its kind, then eleven.
+    pub const PER_OP: usize = 12;
     pub const TAKE: i64 = 1;
     pub const RETURN: i64 = 2;
     pub const INSTALL: i64 = 3;
@@ -30,6 +30,7 @@ mod args {
     pub const ROOT_FAILED: i64 = 1;
     pub const ASKING: i64 = 2;
     pub const ASKS: i64 = 4;
+    pub const ASKS_NEXT: i64 = 8;
 }
 
 impl RedisStore {
@@ -97,6 +98,7 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
                 c(timing.ask_ttl),
                 c(timing.window.max(1)),
                 c(timing.floor),
+                i64::from(timing.advance),
                 0,
             ]);
         }
@@ -118,6 +120,7 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
                 c(i.retry_at),
                 i64::from(i.failed),
                 c(i.interval.min(crate::store::pool::MAX_INTERVAL)),
+                c(i.from),
             ];
         }
         PoolKind::Withdraw { idle } => values[..2].copy_from_slice(&[args::WITHDRAW, c(idle)]),
@@ -159,6 +162,7 @@ fn decode(values: &[i64], ops: usize) -> Result<Vec<PoolAnswer>, StoreError> {
                 admitted: u(a[10]),
                 used: u(a[11]),
                 guard: u(a[12]),
+                next: a[7] & args::ASKS_NEXT != 0,
             }),
         })
         .collect())

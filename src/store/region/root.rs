@@ -40,6 +40,7 @@ impl Core {
     async fn top_up(&self, key: CounterKey, limit: Limit, answer: PoolAnswer) {
         let Some(ask) = answer.ask else { return };
         let lease = self.lease_ask(&key, &limit, &answer, &ask);
+        let start = lease.start;
         let started = self.clock.now();
         let due = self.count_due(started).await;
         let (_, mut grants) = futures_util::future::join(
@@ -74,7 +75,8 @@ impl Core {
                 self.totals
                     .granted
                     .fetch_add(grant.units, Ordering::Relaxed);
-                installed(&grant, &limit, &answer, &ask, self.period, retry)
+                let asked = (&answer, &ask, start, elapsed);
+                installed(&grant, &limit, asked, self.period, retry)
             }
             _ => Install {
                 failed: true,
@@ -109,8 +111,10 @@ impl Core {
         answer: &PoolAnswer,
         ask: &RootAsk,
     ) -> LeaseAsk {
+        let start = ask_start(limit, answer, ask);
         LeaseAsk {
-            key: key.clone(),
+            key: root_key(key, start),
+            start,
             limit: *limit,
             take: Take::Lease(Ask {
                 want: ask.units.max(1),
@@ -213,7 +217,8 @@ impl Core {
         let asks: Vec<LeaseAsk> = backs
             .iter()
             .map(|(key, limit, back)| LeaseAsk {
-                key: key.clone(),
+                key: root_key(key, back_start(limit, back)),
+                start: back_start(limit, back),
                 limit: *limit,
                 take: Take::GiveBack {
                     units: back.units,
@@ -291,8 +296,7 @@ impl Core {
 fn installed(
     grant: &Grant,
     limit: &Limit,
-    answer: &PoolAnswer,
-    ask: &RootAsk,
+    (answer, ask, start, elapsed): (&PoolAnswer, &RootAsk, Micros, Micros),
     period: Micros,
     retry: impl Fn(Micros) -> Micros,
 ) -> Install {
@@ -307,6 +311,8 @@ fn installed(
         // A token bucket's: its arrival time after the grant (what a hand-back names).
         guard: if bucket {
             grant.now.saturating_add(grant.decision.reset_after)
+        } else if start != 0 {
+            start
         } else {
             grant.now - grant.now % window
         },
@@ -320,8 +326,17 @@ fn installed(
         // ask.
         left: if bucket {
             period
+        } else if start != 0 {
+            period.min((start + window).saturating_sub(grant.now))
         } else {
             period.min(limit.window_left(grant.now))
+        },
+        // A fixed window's units from the latest its start can be in region time: the root's
+        // clock is at least its answer's time less the reply's time ahead of the region's.
+        from: if start != 0 {
+            (start + answer.now + elapsed).saturating_sub(grant.now)
+        } else {
+            0
         },
         reported: ask.used,
         retry_at: if grant.units == 0 {
@@ -338,6 +353,39 @@ fn installed(
             0
         },
         failed: false,
+    }
+}
+
+/// The root window a pool's ask is for (a fixed window's: one root counter per window; 0
+/// otherwise): the next one for an ask ahead, else the one the root's time as the pool knows
+/// it (never behind) falls in.
+fn ask_start(limit: &Limit, answer: &PoolAnswer, ask: &RootAsk) -> Micros {
+    if limit.algorithm != Algorithm::FixedWindow {
+        return 0;
+    }
+    let window = limit.window.max(1);
+    if ask.next {
+        answer.guard + window
+    } else {
+        answer.root_now - answer.root_now % window
+    }
+}
+
+/// The window a hand-back names (a fixed window's; 0 otherwise): its guard.
+fn back_start(limit: &Limit, back: &RootAsk) -> Micros {
+    if limit.algorithm == Algorithm::FixedWindow {
+        back.guard
+    } else {
+        0
+    }
+}
+
+/// The root's counter for the window starting at `start` (0: the counter's own key).
+fn root_key(key: &CounterKey, start: Micros) -> CounterKey {
+    if start == 0 {
+        key.clone()
+    } else {
+        key.clone().windowed(start)
     }
 }
 

@@ -16,7 +16,7 @@
 --          key per ask where its asker's last grant on the counter is kept for a retry
 --          (unused without an ask id), then the epoch key
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
--- ARGV[..] thirteen values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
+-- ARGV[..] fourteen values per ask: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
 --          4 concurrency), limit, window (µs), burst, want (the most units to take; negative:
 --          that many units handed back; 0 with need 0: only the report), need (the fewest
 --          worth taking), instances (those sharing the counter recently), guard (for a
@@ -26,15 +26,17 @@
 --          (of the block's units; 0: none), admitted (units the block admitted since its last
 --          call), hold (µs), not after (for a lease: the time after which nothing is granted,
 --          its asker having given up; 0: none), ask id (for a lease: which ask of its asker,
---          0: none; a retry with the id kept gets what the first got: "seq units at reset")
+--          0: none; a retry with the id kept gets what the first got: "seq units at reset
+--          until"), window start (a fixed window's the ask is for, decided as at its start;
+--          0: the current one)
 -- Returns  {now, epoch, then per ask: units taken (for a hand-back: units handed back), 1 if
 --          the ask's need is admitted (else 0), remaining, reset_after, retry_after (-1:
 --          none), the grant's time (a retry's: the first one's; 0: now)}, times in
 --          microseconds
 -- The argument layout, defined once in Rust (`mod args` in src/store/redis/lease.rs).
-local PER_ASK = 13
+local PER_ASK = 14
 local ALGORITHM, LIMIT, WINDOW, BURST, WANT, NEED, INSTANCES, GUARD = 0, 1, 2, 3, 4, 5, 6, 7
-local EPOCH, ADMITTED, HOLD, NOT_AFTER, SEQ = 8, 9, 10, 11, 12
+local EPOCH, ADMITTED, HOLD, NOT_AFTER, SEQ, START = 8, 9, 10, 11, 12, 13
 -- How long an asker's last grant is kept for its retry (ms; `ASK_KEPT` in Rust).
 local ASK_KEPT_MS = 60000
 local TOKEN_BUCKET, CONCURRENCY = 3, 4
@@ -112,7 +114,16 @@ for k = 1, asks do
         redis.call('SET', key, encoders[algorithm](charged), 'PXAT', ceil(charged_expires))
       end
     end
-    if want == 0 and tonumber(ARGV[a + NEED]) == 0 or want < 0 and older then
+    -- An ask for a given window (a fixed window's start): decided as at its start, nothing
+    -- once it is over.
+    local start = tonumber(ARGV[a + START])
+    local t = max(now, start)
+    if start > 0 and now >= start + window then
+      units, allowed, retry = 0, false, -1
+      local _
+      _, remaining, reset = step(st, limit, window, burst, now, 0, -1)
+      next_state = nil
+    elseif want == 0 and tonumber(ARGV[a + NEED]) == 0 or want < 0 and older then
       -- Only the report; or a hand-back of units that died with their epoch.
       units = 0
       allowed, remaining, reset, retry = step(st, limit, window, burst, now, 0, -1)
@@ -138,20 +149,20 @@ for k = 1, asks do
       if algorithm == TOKEN_BUCKET then
         intact = st and math.abs(st[1] - guard) <= 1
       else
-        intact = now - (now % window) == guard
+        intact = t - (t % window) == guard
       end
       units = 0
       if intact then
         allowed, remaining, reset, retry, next_state, expires = step(
-          st, limit, window, burst, now, want, -1)
+          st, limit, window, burst, t, want, -1)
         units = -want
       else
-        allowed, remaining, reset, retry = step(st, limit, window, burst, now, 0, -1)
+        allowed, remaining, reset, retry = step(st, limit, window, burst, t, 0, -1)
         next_state = nil
       end
     else
       -- What the counter would still admit; a block is at most a share of it.
-      local ok, left = step(st, limit, window, burst, now, 0, -1)
+      local ok, left = step(st, limit, window, burst, t, 0, -1)
       if not ok then left = 0 end
       local block = need
       if algorithm ~= CONCURRENCY and left >= need then
@@ -159,12 +170,12 @@ for k = 1, asks do
         block = min(max(min(want, share), need), left)
       end
       allowed, remaining, reset, retry, next_state, expires = step(
-        st, limit, window, burst, now, block, -1)
+        st, limit, window, burst, t, block, -1)
       if not allowed and block > need then
         -- A fractional estimate that the whole block just misses: the need decides.
         block = need
         allowed, remaining, reset, retry, next_state, expires = step(
-          st, limit, window, burst, now, block, -1)
+          st, limit, window, burst, t, block, -1)
       end
       units = allowed and block or 0
       if not allowed then next_state = nil end

@@ -1,24 +1,25 @@
 -- Sluice: regions' pools of global counters (`scope: global`). The arithmetic of
 -- src/store/pool.rs (`Pool::apply`), mirrored line for line; read it there. A pool is one
--- string key: its seventeen numbers, in the order of FIELDS below, expiring a few region lease
+-- string key: its twenty-three numbers, in the order of FIELDS below, expiring a few region lease
 -- periods after the pool ends (its rate and its ask marker still matter then).
 --
 -- KEYS     one pool per operation (a key may repeat: each operation sees the ones before it)
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
--- ARGV[..] eleven values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
---          then take: want, need, instances, demand, lead, period, ask_ttl, window, floor;
+-- ARGV[..] twelve values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
+--          then take: want, need, instances, demand, lead, period, ask_ttl, window, floor,
+--          advance (1: a fixed window's, asking for the next window ahead);
 --          return: units, generation, guard;
 --          install: units, guard, epoch, asked_at, offset, left, reported, retry_at, failed,
---          interval (ns);
+--          interval (ns), from;
 --          withdraw: idle (times in µs)
 -- Returns  {now, then per operation: units, free, root_now, until, guard, epoch, generation,
---          flags (1 root failed, 2 asking, 4 an ask follows), ask units, ask epoch, ask
+--          flags (1 root failed, 2 asking, 4 an ask follows, 8 for the next window), ask units, ask epoch, ask
 --          admitted, ask used, ask guard, mark, tokens_end}
 -- A token bucket's arithmetic stays below 2^53 (MAX_SPAN, MAX_INTERVAL): exact in doubles.
 -- The layout, defined once in Rust (`mod args` in src/store/redis/pool.rs).
 local tonumber, format, gmatch, pairs = tonumber, string.format, string.gmatch, pairs
 local ceil, floor, max, min = math.ceil, math.floor, math.max, math.min
-local PER_OP, PER_ANSWER = 11, 15
+local PER_OP, PER_ANSWER = 12, 15
 -- How long a pool's state outlives the pool (`KEEP` in src/store/pool.rs).
 local KEEP = 60000000
 -- The longest time ahead a token bucket's pool counts its tokens over (`MAX_SPAN`).
@@ -34,20 +35,23 @@ end
 local function load(key)
   local p = { granted = 0, used = 0, guard = 0, epoch = 0, generation = 0, ends = 0, offset = 0,
     demand = 0, asked_demand = 0, asked_at = 0, asking_until = 0, reported = 0, failed = 0,
-    last_take = 0, interval = 0, full_at = 0, last_grant = 0 }
+    last_take = 0, interval = 0, full_at = 0, last_grant = 0, n_granted = 0, n_guard = 0,
+    n_epoch = 0, n_offset = 0, n_from = 0, n_until = 0 }
   local raw = redis.call('GET', key)
   if raw then
     local v, i = {}, 1
     for n in gmatch(raw, '%-?%d+') do v[i] = tonumber(n); i = i + 1 end
-    if i == 18 then
+    if i == 24 then
       p.granted, p.used, p.guard, p.epoch, p.generation, p.ends, p.offset = v[1], v[2], v[3],
         v[4], v[5], v[6], v[7]
       p.demand, p.asked_demand, p.asked_at, p.asking_until, p.reported, p.failed, p.last_take =
         v[8], v[9], v[10], v[11], v[12], v[13], v[14]
       p.interval, p.full_at, p.last_grant = v[15], v[16], v[17]
+      p.n_granted, p.n_guard, p.n_epoch, p.n_offset, p.n_from, p.n_until = v[18], v[19], v[20],
+        v[21], v[22], v[23]
     end
   end
-  if max(p.ends, p.asking_until, p.asked_at) + KEEP <= now then
+  if max(p.ends, p.asking_until, p.asked_at, p.n_until) + KEEP <= now then
     -- Past what its state is good for (Redis's expiry runs on its own clock): forgotten.
     for field in pairs(p) do p[field] = 0 end
   end
@@ -83,7 +87,7 @@ local function front(p)
 end
 
 local function take(p, want, need, instances, demand, lead, period, ask_ttl, window, least,
-                    answer)
+                    advance, answer)
   local f = free(p)
   local units = 0
   if need > 0 and need <= f then
@@ -104,13 +108,17 @@ local function take(p, want, need, instances, demand, lead, period, ask_ttl, win
   local low_water = ceil(rate * lead)
   local left = f - units
   local window_end = p.guard + window - p.offset
-  local ending = now + lead >= p.ends and (p.interval > 0 or p.ends < window_end)
-  if units > 0 and left >= max(low_water, 1) and not ending then return end
+  local within_lead = now + lead >= p.ends
+  local ending = within_lead and (p.interval > 0 or p.ends < window_end)
+  local ahead = advance == 1 and within_lead and p.interval == 0 and p.generation ~= 0
+    and p.ends >= window_end and p.n_granted == 0
+  if units > 0 and left >= max(low_water, 1) and not ending and not ahead then return end
   p.asking_until = now + ask_ttl
   p.asked_at = now
   p.asked_demand = p.demand
   answer.ask = { max(ceil(rate * period), need, least), p.epoch, max(p.used - p.reported, 0), p.used,
     p.guard }
+  answer.next = ahead
 end
 
 local function add_tokens(p, units, guard, offset)
@@ -136,12 +144,37 @@ local function add_tokens(p, units, guard, offset)
   evaporate(p)
 end
 
+local function install_next(p, units, guard, epoch, offset, from, ends, answer)
+  if p.n_granted > 0 and p.n_guard == guard and p.n_epoch == epoch then
+    p.n_granted = p.n_granted + units
+    p.n_from, p.n_until = max(p.n_from, from), max(p.n_until, ends)
+    p.n_offset = max(p.n_offset, offset)
+  else
+    p.n_granted, p.n_guard, p.n_epoch, p.n_offset, p.n_from, p.n_until = units, guard, epoch,
+      offset, from, ends
+  end
+  answer.units = units
+end
+
+local function promote(p)
+  if p.n_granted == 0 or now < p.n_from then return end
+  p.granted, p.used, p.guard, p.epoch = p.n_granted, 0, p.n_guard, p.n_epoch
+  p.generation = max(now, p.generation + 1)
+  p.ends, p.offset, p.reported, p.failed = p.n_until, p.n_offset, 0, 0
+  p.interval, p.full_at, p.last_grant = 0, 0, 0
+  p.n_granted, p.n_guard, p.n_epoch, p.n_offset, p.n_from, p.n_until = 0, 0, 0, 0, 0, 0
+end
+
 local function install(p, units, guard, epoch, asked_at, offset, left, reported, retry_at, failed,
-                       interval, answer)
+                       interval, from, answer)
   p.asking_until = retry_at
   p.failed = failed
   if failed == 1 then return end
   local ends = asked_at + left
+  if units > 0 and from > now and interval == 0 and ends > from then
+    install_next(p, units, guard, epoch, offset, from, ends, answer)
+    return
+  end
   local same = p.generation ~= 0 and p.epoch == epoch and p.interval == interval
     and (interval > 0 or p.guard == guard)
   if same then p.reported = min(max(p.reported, reported), p.used) end
@@ -188,9 +221,11 @@ for k = 1, #KEYS do
   local kind = arg(1)
   local p = load(KEYS[k])
   evaporate(p)
+  promote(p)
   local answer = { units = 0 }
   if kind == TAKE then
-    take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), answer)
+    take(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), arg(11),
+      answer)
   elseif kind == RETURN then
     local units, generation, guard = arg(2), arg(3), arg(4)
     local current = guard == p.guard
@@ -203,18 +238,20 @@ for k = 1, #KEYS do
     end
   elseif kind == INSTALL then
     install(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), arg(11),
-      answer)
+      arg(12), answer)
   elseif kind == WITHDRAW then
     withdraw(p, arg(2), answer)
   end
-  local keep = max(p.ends, p.asking_until, p.asked_at) + KEEP - now
+  local keep = max(p.ends, p.asking_until, p.asked_at, p.n_until) + KEEP - now
   if keep <= 0 then
     redis.call('DEL', KEYS[k])
   else
-    redis.call('SET', KEYS[k], format('%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d',
+    redis.call('SET', KEYS[k], format(
+      '%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d',
       p.granted, p.used, p.guard, p.epoch, p.generation, p.ends, p.offset, p.demand,
       p.asked_demand, p.asked_at, p.asking_until, p.reported, p.failed, p.last_take, p.interval,
-      p.full_at, p.last_grant), 'PX', max(ceil(keep / 1000), 1))
+      p.full_at, p.last_grant, p.n_granted, p.n_guard, p.n_epoch, p.n_offset, p.n_from,
+      p.n_until), 'PX', max(ceil(keep / 1000), 1))
   end
   local root_now = now
   if p.generation ~= 0 then root_now = now + p.offset end
@@ -223,6 +260,7 @@ for k = 1, #KEYS do
   if now < p.asking_until then flags = flags + 2 end
   local ask = answer.ask or { 0, 0, 0, 0, 0 }
   if answer.ask then flags = flags + 4 end
+  if answer.next then flags = flags + 8 end
   local o = #out
   out[o + 1], out[o + 2], out[o + 3], out[o + 4] = answer.units, free(p), root_now, p.ends
   out[o + 5], out[o + 6], out[o + 7], out[o + 8] = p.guard, p.epoch, p.generation, flags
