@@ -172,20 +172,23 @@ fn the_pool_script_answers_what_the_memory_store_does() {
         .unwrap();
 }
 
+/// A real Redis and the memory store, on one pinned clock.
+fn on_one_clock() -> (RedisServer, Arc<ManualClock>, MemoryStore, RedisStore) {
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
+    let options = RedisOptions::new(redis.url(), RedisKind::Single);
+    let store = RedisStore::new(&options).unwrap().with_clock(clock.clone());
+    (redis, clock, memory, store)
+}
+
 /// A region's ask that reaches the root after its asker gave up (held by a partition, then
 /// delivered when it heals) takes nothing, in memory as in Redis; in time, it is granted.
 #[tokio::test]
 async fn an_ask_delivered_after_its_asker_gave_up_takes_nothing() {
     use sluice::algorithm::Ask;
     use sluice::store::{LeaseAsk, Take};
-    let redis = RedisServer::start();
-    let clock = Arc::new(ManualClock::new(SystemClock.now()));
-    let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
-    let options = RedisOptions {
-        key_prefix: "late:".into(),
-        ..RedisOptions::new(redis.url(), RedisKind::Single)
-    };
-    let store = RedisStore::new(&options).unwrap().with_clock(clock.clone());
+    let (_redis, clock, memory, store) = on_one_clock();
     let limit = Limit::new(100, WINDOW, Algorithm::FixedWindow);
     let ask = |not_after| LeaseAsk {
         key: CounterKey::new("api", [("tenant", "a")], &limit).global(),
@@ -219,14 +222,7 @@ async fn a_retried_ask_gets_what_it_was_granted_once() {
     use sluice::algorithm::Ask;
     use sluice::store::lease::AskId;
     use sluice::store::{LeaseAsk, Take};
-    let redis = RedisServer::start();
-    let clock = Arc::new(ManualClock::new(SystemClock.now()));
-    let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
-    let options = RedisOptions {
-        key_prefix: "retry:".into(),
-        ..RedisOptions::new(redis.url(), RedisKind::Single)
-    };
-    let store = RedisStore::new(&options).unwrap().with_clock(clock.clone());
+    let (_redis, clock, memory, store) = on_one_clock();
     let limit = Limit::new(100, WINDOW, Algorithm::FixedWindow);
     let ask = |asker, seq| LeaseAsk {
         key: CounterKey::new("api", [("tenant", "a")], &limit).global(),

@@ -30,6 +30,10 @@ use sluice::store::{
     RegionOptions, Regions, Role, Shared, Store, StoreError, StoreStatus,
 };
 
+mod asks;
+mod buckets;
+mod cuts;
+
 const START: Micros = 1_700_000_040 * SECOND;
 const WINDOW: Micros = 60 * SECOND;
 
@@ -409,17 +413,7 @@ proptest! {
         let algorithm = if sliding { Algorithm::SlidingWindow } else { Algorithm::FixedWindow };
         let limit = limit(requests, WINDOW, algorithm, requests);
         let Run { admitted, wipes, cut_off, erased: charged } = run(limit, &sizes, &waves);
-        // A region cut off from the root admits only what it held: its pool ends a region
-        // lease period after its last grant (asked before the cut), a block a lease period
-        // after it was taken.
-        let tail = (PERIOD + LEASE_PERIOD).as_micros() as Micros;
-        for (t, hits, since) in cut_off {
-            prop_assert!(
-                t < since + tail,
-                "{hits} admitted {} ms into a cut, past the pool and block lifetimes",
-                (t - since) / 1000
-            );
-        }
+        prop_assert_eq!(admitted_past_holdings(&cut_off), None);
         let mut per_window = std::collections::BTreeMap::new();
         for &(t, hits) in &admitted {
             *per_window.entry(t / WINDOW).or_insert(0u64) += hits;
@@ -445,58 +439,20 @@ proptest! {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
-
-    /// Never over, token buckets: over any stretch of time t, the planet admits at most the
-    /// burst plus what the bucket refills in t (`rate × t`), whatever the regions,
-    /// instances, delays, cuts, lost replies and crashes; a root wipe within the stretch adds
-    /// at most a burst (the debt it erased: what a flushed store costs exact counting). A
-    /// cut region admits nothing once its pool and blocks have ended (`deny`).
-    #[test]
-    fn token_buckets_never_admit_more_than_burst_plus_rate(
-        requests in prop_oneof![1u64..20, 20u64..2000],
-        burst in prop_oneof![1u64..20, 20u64..2000],
-        seconds in prop_oneof![Just(1u64), Just(10), Just(60)],
-        short in any::<bool>(),
-        sizes in proptest::collection::vec(1usize..4, 1..4),
-        waves in waves(),
-    ) {
-        let limit = limit(requests, seconds * SECOND, Algorithm::TokenBucket, burst);
-        // Waves a few emission intervals apart (when `short`): tokens that outlive their
-        // time show there.
-        let waves: Vec<Wave> = waves
-            .into_iter()
-            .map(|w| Wave {
-                gap: if short { w.gap % (4 * seconds * SECOND / requests + 1) } else { w.gap },
-                ..w
-            })
-            .collect();
-        let Run { admitted, wipes, cut_off, .. } = run(limit, &sizes, &waves);
-        let tail = (PERIOD + LEASE_PERIOD).as_micros() as Micros;
-        for (t, hits, since) in cut_off {
-            prop_assert!(
-                t < since + tail,
+/// A charge of a cut-off region past what it held, described: its pool ends a region lease
+/// period after its last grant (asked before the cut), a block a lease period after it was
+/// taken.
+fn admitted_past_holdings(cut_off: &[(Micros, u64, Micros)]) -> Option<String> {
+    let tail = (PERIOD + LEASE_PERIOD).as_micros() as Micros;
+    cut_off
+        .iter()
+        .find(|(t, _, since)| *t >= since + tail)
+        .map(|(t, hits, since)| {
+            format!(
                 "{hits} admitted {} ms into a cut, past the pool and block lifetimes",
                 (t - since) / 1000
-            );
-        }
-        for (i, &(start, _)) in admitted.iter().enumerate() {
-            let mut total = 0u64;
-            for &(t, hits) in &admitted[i..] {
-                total += hits;
-                let refill = (t - start) as f64 * requests as f64 / limit.window as f64;
-                // A wipe erases the root's debt, at most a burst: what it costs exact counting.
-                let erased = wipes.iter().filter(|w| start < **w && **w <= t).count() as u64;
-                let room = (burst * (1 + erased)) as f64 + refill;
-                prop_assert!(
-                    total as f64 <= room + 1e-6,
-                    "{total} admitted in {} µs: more than a burst of {burst} plus {refill:.2} refilled ({erased} wipes)",
-                    t - start
-                );
-            }
-        }
-    }
+            )
+        })
 }
 
 /// Rounds of `per_instance` hits on every instance, the clock moving `step` after each and
@@ -581,229 +537,4 @@ async fn without_faults_the_planet_admits_the_whole_limit() {
         .sum::<u64>();
     assert_eq!(root_left(&planet, &limit).await, 0);
     assert_eq!(total, 3000, "{admitted:?}");
-}
-
-#[tokio::test(flavor = "current_thread")]
-async fn a_cut_region_admits_what_it_holds_then_denies_while_the_others_carry_on() {
-    let planet = planet(&[2, 2]);
-    let limit = limit(100_000, WINDOW, Algorithm::FixedWindow, 100_000);
-    // Both regions busy for 2 s: their pools and blocks fill.
-    rounds(&planet, &limit, 80, 2, 25_000).await;
-    planet.regions[1].link.state.lock().cut = true;
-    let cut_at = planet.clock.now();
-    let tail = (PERIOD + LEASE_PERIOD).as_micros() as Micros;
-    let mut in_cut = Vec::new();
-    while planet.clock.now() < cut_at + 2 * tail {
-        let admitted = rounds(&planet, &limit, 1, 2, 25_000).await;
-        in_cut.push((planet.clock.now() - cut_at, admitted));
-    }
-    let held: u64 = in_cut.iter().map(|(_, a)| a[1]).sum();
-    let late: Vec<_> = in_cut
-        .iter()
-        .filter(|(t, a)| *t >= tail && a[1] > 0)
-        .collect();
-    // (What it held may be little: a pool lives a region lease period after its last grant,
-    // and a well-stocked pool is not asked for more.)
-    assert!(
-        late.is_empty(),
-        "the cut region admitted past its pool and blocks ({held} in all): {late:?}"
-    );
-    // The connected region admitted (nearly) all it was asked: 2 instances × 2 hits a round
-    // (a round whose pool ran dry waits for its ask to land, at the next round here).
-    let connected: u64 = in_cut.iter().map(|(_, a)| a[0]).sum();
-    assert!(connected * 10 >= in_cut.len() as u64 * 4 * 9, "{in_cut:?}");
-    let status = planet.regions[1].instances[0].regions.region_status();
-    assert!(
-        !status.root_reachable && status.failure_mode_decisions > 0,
-        "{status:?}"
-    );
-}
-
-#[tokio::test(flavor = "current_thread")]
-async fn a_request_with_a_regional_counter_loses_none_of_its_units_in_a_cut() {
-    let planet = planet(&[1]);
-    let instance = &planet.regions[0].instances[0];
-    let global = limit(1000, WINDOW, Algorithm::FixedWindow, 1000);
-    let per_user = limit(100, WINDOW, Algorithm::FixedWindow, 100);
-    let user = |hits| CounterOp {
-        consistency: Consistency::Leased,
-        failure_mode: FailureMode::Allow,
-        ..counters::op("model", [("user", "u")], per_user, hits, Role::Enforce)
-    };
-    let both = || batch(vec![op(&global, 1, FailureMode::Allow), user(1)]);
-    let mut admitted = 0u64;
-    // Cut off from the start: the global counter's pool never fills, its failure mode
-    // (allow) answers; the user's counter is the region's own and leases as usual.
-    planet.regions[0].link.state.lock().cut = true;
-    for _ in 0..60 {
-        let applied = instance.leased.apply(&both()).await.unwrap();
-        if applied.decisions[1].allowed && applied.admitted {
-            admitted += 1;
-        }
-        settle().await;
-        planet.clock.advance(50_000);
-        sweep(&planet).await;
-        settle().await;
-    }
-    // Then the user's counter alone, until its instance is refused with nothing in hand:
-    // every unit its leases took was admitted, whatever the global counter's calls did.
-    let mut refused = 0;
-    while refused < 2 {
-        let applied = instance.leased.apply(&batch(vec![user(1)])).await.unwrap();
-        if applied.admitted {
-            admitted += 1;
-            refused = 0;
-        } else {
-            refused += 1;
-            planet.clock.advance(300_000);
-        }
-        assert!(admitted <= 100, "more than the limit");
-    }
-    assert_eq!(admitted, 100);
-}
-
-/// A token bucket of 100 a second with a burst of 200, demand at four times the rate in
-/// three regions 0, 80 and 150 ms from the root: over 30 s the planet admits at most the
-/// burst plus the refill (3,200), and nearly all of it.
-#[tokio::test(flavor = "current_thread")]
-async fn a_token_bucket_across_regions_admits_its_rate() {
-    let planet = planet_afar(&[2, 2, 1]);
-    let limit = limit(100, SECOND, Algorithm::TokenBucket, 200);
-    // 5 instances x 4 hits every 50 ms: 400 a second, for 30 s.
-    let admitted = rounds(&planet, &limit, 600, 4, 50_000).await;
-    let total: u64 = admitted.iter().sum();
-    eprintln!("token bucket across regions: {admitted:?} = {total} of at most 3,200");
-    assert!(total <= 3_200, "{admitted:?}");
-    assert!(total >= 2_900, "{admitted:?}");
-}
-
-/// A token bucket's pool keeps no token past its time: tokens a region was granted and did
-/// not use are the root's again once the bucket has refilled them, so at one instant a
-/// second later the planet admits at most the burst (exact takes from the pools, where no
-/// block's own expiry stands in).
-#[tokio::test(flavor = "current_thread")]
-async fn a_token_buckets_pool_keeps_no_token_past_its_time() {
-    let planet = planet(&[1, 1]);
-    let limit = limit(100, SECOND, Algorithm::TokenBucket, 20);
-    let take = |r: usize| {
-        let regions = planet.regions[r].instances[0].regions.clone();
-        async move {
-            let applied = regions
-                .apply(&batch(vec![op(&limit, 1, FailureMode::Deny)]))
-                .await
-                .unwrap();
-            applied.admitted
-        }
-    };
-    // Region 0 takes a few: its pool is granted a share of the burst, most of it unused.
-    let mut early = 0;
-    for _ in 0..4 {
-        early += u64::from(take(0).await);
-        settle().await;
-    }
-    assert!(early > 0);
-    planet.clock.advance(SECOND);
-    let mut admitted = 0;
-    for _ in 0..10 {
-        for r in 0..2 {
-            for _ in 0..20 {
-                admitted += u64::from(take(r).await);
-            }
-        }
-        settle().await;
-    }
-    assert!(admitted > 0);
-    assert!(
-        admitted <= 20,
-        "{admitted} admitted at one instant, burst 20"
-    );
-}
-
-/// Units a region cannot give back are counted by reason: a pool withdrawn after its root
-/// window ended is refused by the root (its units died with the window), and a request
-/// refused by another of its limits gives back to its pool what it took.
-#[tokio::test(flavor = "current_thread")]
-async fn units_lost_to_the_planet_are_counted_by_reason() {
-    let planet = planet(&[1]);
-    let limit = limit(600, WINDOW, Algorithm::FixedWindow, 600);
-    let regions = planet.regions[0].instances[0].regions.clone();
-    let one = || batch(vec![op(&limit, 1, FailureMode::Deny)]);
-    planet.clock.advance(WINDOW / 2);
-    // The first take asks the root; the second is decided from the pool.
-    regions.apply(&one()).await.unwrap();
-    settle().await;
-    assert!(regions.apply(&one()).await.unwrap().admitted);
-    let free = regions.region_status().pool_free;
-    assert!(free > 0, "the pool holds units");
-    // A request whose other limit refuses: what it took goes back, nothing is lost.
-    let mut mixed = one();
-    let mut other = counters::op("model", [("user", "u")], limit, 1, Role::Enforce);
-    other.limit.requests = 0;
-    mixed.ops.push(other);
-    assert!(!regions.apply(&mixed).await.unwrap().admitted);
-    assert_eq!(regions.region_status().units_lost, [0, 0, 0]);
-    // The window ends with units in the pool: its hand-back is refused, they are lost.
-    planet.clock.advance(WINDOW / 2 + SECOND);
-    regions.sweep_now().await;
-    let status = regions.region_status();
-    assert_eq!(status.units_lost[0], free, "{status:?}");
-}
-
-/// A grant whose reply is lost is not lost: the region asks again at once with the same ask,
-/// and the root answers with what it granted, once. Four lost replies on the way: the planet
-/// still admits the whole limit, and no more.
-#[tokio::test(flavor = "current_thread")]
-async fn a_lost_reply_costs_nothing_and_grants_nothing_twice() {
-    let planet = planet(&[2]);
-    let limit = limit(600, WINDOW, Algorithm::FixedWindow, 600);
-    let mut total = 0;
-    for round in 0..4 {
-        planet.regions[0].link.state.lock().lose = 1;
-        total += rounds(&planet, &limit, 50, 4, 25_000)
-            .await
-            .iter()
-            .sum::<u64>();
-        assert_eq!(planet.regions[0].link.state.lock().lose, 0, "round {round}");
-    }
-    // What instances and pools still hold goes back once they are idle.
-    rounds(&planet, &limit, 20, 0, 250_000).await;
-    total += rounds(&planet, &limit, 100, 4, 25_000)
-        .await
-        .iter()
-        .sum::<u64>();
-    assert_eq!(root_left(&planet, &limit).await, 0);
-    assert_eq!(total, 600);
-}
-
-/// A hot key across window starts: each region asks for the next window ahead of it, so that
-/// it is refused at a window start only while it cannot tell which window the root is in
-/// (about a round trip), not for the next window's first ask on top.
-#[tokio::test(flavor = "current_thread")]
-async fn a_hot_key_is_refused_at_a_window_start_only_while_the_edge_is_uncertain() {
-    let planet = planet_afar(&[1, 1, 1]);
-    let limit = limit(1_000_000, 10 * SECOND, Algorithm::FixedWindow, 1_000_000);
-    // 4 hits every 25 ms in each region (160 a second), for 40 s: four window starts.
-    // (Counted after the first window: a new key is refused for its first ask's round trip.)
-    let mut refused = vec![0u64; 3];
-    for step in 0..1_600 {
-        for (r, region) in planet.regions.iter().enumerate() {
-            for _ in 0..4 {
-                if !hit(&region.instances[0], &limit, 1, FailureMode::Deny).await && step >= 400 {
-                    refused[r] += 1;
-                }
-            }
-        }
-        settle().await;
-        planet.clock.advance(25_000);
-        sweep(&planet).await;
-        settle().await;
-    }
-    eprintln!("refused at window starts, by region (0, 80, 150 ms round trips): {refused:?}");
-    // At most a round trip's demand per window start (before advance asks: 12, 45 and 69);
-    // the region beside the root, none.
-    assert_eq!(refused[0], 0, "{refused:?}");
-    for (r, round_trip) in [(1, 0.08), (2, 0.15)] {
-        let bound = 3.0 * 160.0 * round_trip;
-        assert!(refused[r] as f64 <= bound, "{refused:?}");
-    }
 }

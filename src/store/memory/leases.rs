@@ -70,16 +70,7 @@ impl MemoryStore {
         let shared = &*self.shared;
         let digest = shared.digester.digest(&ask.key);
         let mut shard = shared.shards.of(&digest).lock();
-        let replay = match ask.take {
-            Take::Lease(_) if ask.id.seq != 0 => shared
-                .asks
-                .lock()
-                .get(&(ask.id.asker, ask.key.clone()))
-                .filter(|r| r.seq == ask.id.seq && now < r.until)
-                .copied(),
-            _ => None,
-        };
-        if let Some(r) = replay {
+        if let Some(r) = self.replayed(ask, now) {
             // A retry of an ask already granted: what it got, once.
             let current = shard.get(&digest, ask.limit.algorithm, now);
             let t = algorithm::decide(current.as_ref(), &ask.limit, now, 0);
@@ -108,21 +99,16 @@ impl MemoryStore {
             shared.store(&mut shard, digest, t, hits, now);
         }
         let current = shard.get(&digest, ask.limit.algorithm, now);
-        // An ask for a given window: decided as at its start, nothing once it is over.
-        let over = ask.start != 0 && now >= ask.start.saturating_add(ask.limit.window);
+        let lease = matches!(ask.take, Take::Lease(_));
+        // An ask for a given window: decided as at its start, nothing once it is over; a
+        // lease its asker gave up on, or one while a wiped store holds, takes nothing either,
+        // nor does a hand-back of units that died with their epoch.
+        let late = ask.start != 0 && now >= ask.start.saturating_add(ask.limit.window)
+            || lease && ask.not_after != 0 && now > ask.not_after;
+        let held = lease && now < hold_until;
         let at = now.max(ask.start);
         let (units, mut t, hits) = match ask.take {
-            _ if over => (
-                0,
-                algorithm::decide(current.as_ref(), &ask.limit, now, 0),
-                0,
-            ),
-            Take::Lease(_) if ask.not_after != 0 && now > ask.not_after => (
-                0,
-                algorithm::decide(current.as_ref(), &ask.limit, now, 0),
-                0,
-            ),
-            Take::Lease(_) if now < hold_until => (
+            _ if late || held || older && !lease => (
                 0,
                 algorithm::decide(current.as_ref(), &ask.limit, now, 0),
                 0,
@@ -131,49 +117,64 @@ impl MemoryStore {
                 let (units, t) = algorithm::lease(current.as_ref(), &ask.limit, at, want);
                 (units, t, units as i64)
             }
-            Take::GiveBack { .. } if older => (
-                0,
-                algorithm::decide(current.as_ref(), &ask.limit, now, 0),
-                0,
-            ),
             Take::GiveBack { .. } => {
                 let hits = ask.give_back_hits(current.as_ref(), at);
                 let t = algorithm::decide(current.as_ref(), &ask.limit, at, hits);
                 (hits.unsigned_abs(), t, hits)
             }
         };
-        if over || matches!(ask.take, Take::Lease(_)) && ask.not_after != 0 && now > ask.not_after {
-            // Too late: its window is over, or its asker has given up.
+        if late {
             t.decision.allowed = false;
             t.decision.retry_after = None;
-        } else if matches!(ask.take, Take::Lease(_)) && now < hold_until {
+        } else if held {
             t.decision.allowed = false;
             t.decision.retry_after = Some(hold_until - now);
         }
         if hits != 0 {
             shared.store(&mut shard, digest, t, hits, now);
         }
-        if matches!(ask.take, Take::Lease(_)) && ask.id.seq != 0 {
-            let recorded = Recorded {
-                seq: ask.id.seq,
-                units,
-                at: now,
-                reset_after: t.decision.reset_after,
-                until: now.saturating_add(ASK_KEPT),
-            };
-            let mut asks = shared.asks.lock();
-            if asks.len() >= MAX_ASKS {
-                asks.retain(|_, r| r.until > now);
-            }
-            if asks.len() < MAX_ASKS {
-                asks.insert((ask.id.asker, ask.key.clone()), recorded);
-            }
+        if lease {
+            self.record(ask, units, t.decision.reset_after, now);
         }
         Grant {
             units,
             decision: t.decision,
             now,
             epoch: born,
+        }
+    }
+
+    /// What a lease with an id was granted the first time, if this is a retry of it.
+    fn replayed(&self, ask: &LeaseAsk, now: Micros) -> Option<Recorded> {
+        if !matches!(ask.take, Take::Lease(_)) || ask.id.seq == 0 {
+            return None;
+        }
+        self.shared
+            .asks
+            .lock()
+            .get(&(ask.id.asker, ask.key.clone()))
+            .filter(|r| r.seq == ask.id.seq && now < r.until)
+            .copied()
+    }
+
+    /// Keeps what a lease with an id was granted, for its retry.
+    fn record(&self, ask: &LeaseAsk, units: u64, reset_after: Micros, now: Micros) {
+        if ask.id.seq == 0 {
+            return;
+        }
+        let recorded = Recorded {
+            seq: ask.id.seq,
+            units,
+            at: now,
+            reset_after,
+            until: now.saturating_add(ASK_KEPT),
+        };
+        let mut asks = self.shared.asks.lock();
+        if asks.len() >= MAX_ASKS {
+            asks.retain(|_, r| r.until > now);
+        }
+        if asks.len() < MAX_ASKS {
+            asks.insert((ask.id.asker, ask.key.clone()), recorded);
         }
     }
 
