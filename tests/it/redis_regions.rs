@@ -39,6 +39,8 @@ fn yaml() -> String {
 }
 
 struct Region {
+    /// Region 0's: no other planet runs meanwhile ([`crate::common::alone`]).
+    _alone: Option<tokio::sync::MutexGuard<'static, ()>>,
     _redis: RedisServer,
     proxy: FaultProxy,
     _instances: Vec<SluiceProcess>,
@@ -57,6 +59,7 @@ async fn planet_with(
     delays: [u64; 3],
     extra: &[(&str, &str)],
 ) -> Vec<Region> {
+    let mut alone = Some(crate::common::alone().await);
     let dir = config_dir(name, &[("g.yaml", &yaml())]);
     let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", root.port).parse().unwrap();
     let mut regions = Vec::new();
@@ -94,6 +97,7 @@ async fn planet_with(
             .collect();
         let clients = crate::common::process::clients(&instances).await;
         regions.push(Region {
+            _alone: alone.take(),
             _redis: redis,
             proxy,
             _instances: instances,
@@ -420,8 +424,9 @@ async fn a_sliding_window_across_regions_admits_the_limit_and_no_more() {
 }
 
 /// A hot key across fixed-window starts (4 s windows, far from the limit): each region asks
-/// for the next window ahead of it; the region beside the root is refused at no window start
-/// after its first, and every region at most about a round trip's demand at each.
+/// for the next window ahead of it; once the key is no longer new, every region is refused at
+/// each window start at most about a round trip's demand (the region beside the root: next to
+/// none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_across_window_starts_is_refused_only_while_the_edge_is_uncertain() {
     let root = RedisServer::start();
@@ -430,40 +435,33 @@ async fn a_hot_key_across_window_starts_is_refused_only_while_the_edge_is_uncert
     for history in &histories {
         assert_eq!(errors(history), 0);
     }
-    // After the first window (a new key is refused for its first ask's round trip): the
-    // window starts at 4 s boundaries of the wall clock.
-    let first = histories
-        .iter()
-        .flatten()
-        .map(|s| s.wall.0)
-        .min()
-        .unwrap_or(0);
-    let settled = first - first % 4_000_000 + 4_000_000 + 500_000;
+    // Counted from the first window start a region lease period and a half after the run's
+    // first request (a new key is refused for its first asks' round trips, and a first window
+    // cut short ends before the short grant's quarter-period wait: its next window's start is
+    // the new key's too), with the refusals from a second before it. Window starts fall on
+    // 4 s boundaries of the wall clock.
+    let walls = || histories.iter().flatten().map(|s| s.wall.0);
+    let (first, last) = (walls().min().unwrap_or(0), walls().max().unwrap_or(0));
+    let from = first + 2_500_000 - (first + 2_500_000) % 4_000_000 + 4_000_000;
     let refused: Vec<usize> = histories
         .iter()
         .map(|h| {
             h.iter()
-                .filter(|s| s.wall.0 >= settled && s.answer != "OK")
+                .filter(|s| s.wall.0 + 1_000_000 >= from && s.answer != "OK")
                 .count()
         })
         .collect();
-    let starts = histories
-        .iter()
-        .flatten()
-        .map(|s| s.wall.0)
-        .max()
-        .unwrap_or(0)
-        .saturating_sub(settled)
-        / 4_000_000;
+    let starts = last.saturating_sub(from) / 4_000_000 + 1;
     eprintln!(
-        "figures: 100 requests a second per region across {starts}+ window starts of 4 s (0, 80, 150 ms round trips): refused {refused:?}"
+        "figures: 100 requests a second per region across {starts} window starts of 4 s (0, 80, 150 ms round trips): refused {refused:?}"
     );
-    assert!(starts >= 1);
-    // A round trip's demand per start at most (100 a second: 8 and 15), and some slack for
-    // a loaded machine's scheduling.
-    for (r, round_trip) in [(0, 0.02), (1, 0.08), (2, 0.15)] {
-        let bound = (starts + 1) as f64 * (100.0 * round_trip + 5.0);
-        assert!(refused[r] as f64 <= bound, "{refused:?}");
+    assert!(last >= from);
+    // At each start, the demand of a round trip (100 a second: 0, 8 and 15) and of 100 ms
+    // more: the scheduling of a loaded two-core machine (without advance asks, the region
+    // farthest from the root was refused about 40 a start).
+    for (r, round_trip) in [(0, 0.0), (1, 0.08), (2, 0.15)] {
+        let bound = starts as f64 * 100.0 * (round_trip + 0.1);
+        assert!(refused[r] as f64 <= bound, "{refused:?} at {starts} starts");
     }
 }
 
