@@ -43,6 +43,8 @@ impl Core {
         let start = lease.start;
         let started = self.clock.now();
         let due = self.count_due(started).await;
+        // (A first ask waits for the first count of regions: not part of its round trip.)
+        let waited = self.clock.now().saturating_sub(started);
         let (_, mut grants) = futures_util::future::join(
             async {
                 if due {
@@ -71,7 +73,8 @@ impl Core {
         let retry = |after: Micros| answer.now + elapsed + after.min(self.period / 4);
         let install = match grants.map(|g| g.first().copied()) {
             Ok(Some(grant)) => {
-                self.round_trip.store(elapsed, Ordering::Relaxed);
+                self.round_trip
+                    .store(elapsed.saturating_sub(waited), Ordering::Relaxed);
                 self.totals
                     .granted
                     .fetch_add(grant.units, Ordering::Relaxed);
@@ -339,7 +342,16 @@ fn installed(
             0
         },
         reported: ask.used,
-        retry_at: if grant.units == 0 {
+        retry_at: if grant.units == 0
+            && answer.generation == 0
+            && start != 0
+            && grant.now >= start + window
+        {
+            // A new key's first ask, for a window over at the root when it arrived (asked
+            // across a window start): the next take asks for the root's current one at once.
+            // (A pool with a grant knows the root's clock: its asks wait as below.)
+            0
+        } else if grant.units == 0 {
             retry(
                 grant
                     .decision

@@ -91,3 +91,40 @@ async fn a_hot_key_is_refused_at_a_window_start_only_while_the_edge_is_uncertain
         assert!(refused[r] as f64 <= bound, "{refused:?}");
     }
 }
+
+/// A new key whose first request comes 100 ms before a window start: its first ask is for a
+/// window over when it reaches the root (far regions) and takes nothing; the next take asks
+/// for the root's current window at once, so the key is refused for a few round trips (the
+/// first count of regions, the ask for the old window, the ask for the new one), not for a
+/// quarter region lease period more (1,340 ms in the farthest region before).
+#[tokio::test(flavor = "current_thread")]
+async fn a_new_key_across_a_window_start_is_refused_for_a_few_round_trips() {
+    let planet = planet_afar(&[2, 2, 2]);
+    let window = 4 * SECOND;
+    let limit = limit(1_000_000, window, Algorithm::FixedWindow, 1_000_000);
+    let now = planet.clock.now();
+    planet.clock.advance(window - now % window - 100_000);
+    let first = planet.clock.now();
+    // 100 a second in each region (one request per instance every 20 ms) for 2 s: the last
+    // refusal of each region, from the first request.
+    let mut last = [0; 3];
+    for _ in 0..100 {
+        for (r, region) in planet.regions.iter().enumerate() {
+            for instance in &region.instances {
+                if !hit(instance, &limit, 1, FailureMode::Deny).await {
+                    last[r] = planet.clock.now() - first;
+                }
+            }
+        }
+        settle().await;
+        planet.clock.advance(20_000);
+        sweep(&planet).await;
+        settle().await;
+    }
+    eprintln!(
+        "a new key 100 ms before a window start: last refused, by region (0, 80, 150 ms round trips): {last:?} µs"
+    );
+    for (r, round_trip) in [(0, 0), (1, 80_000), (2, 150_000)] {
+        assert!(last[r] <= 4 * round_trip.max(20_000), "{last:?}");
+    }
+}
