@@ -133,6 +133,14 @@ async fn load(
     futures_util::future::join_all(drivers).await
 }
 
+/// The machine's wall clock, in microseconds since the Unix epoch (as [`Sent::wall`]).
+fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
 fn admitted(history: &[Sent]) -> u64 {
     history.iter().filter(|s| s.answer == "OK").count() as u64
 }
@@ -425,21 +433,44 @@ async fn a_sliding_window_across_regions_admits_the_limit_and_no_more() {
 
 /// A hot key across fixed-window starts (4 s windows, far from the limit): each region asks
 /// for the next window ahead of it; once the key is no longer new, every region is refused at
-/// each window start at most about a round trip's demand (the region beside the root: next to
-/// none).
+/// each window start at most about a round trip's demand, the round trip as the region
+/// measured it (the region beside the root: next to none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_across_window_starts_is_refused_only_while_the_edge_is_uncertain() {
     let root = RedisServer::start();
     let regions = planet("regions-edge", &root, [0, 40, 75]).await;
-    let histories = load(&regions, "edge", 100, Duration::from_secs(13), |_| {}).await;
+    // The root round trip each region's instances report meanwhile (their last ask's, read
+    // every 100 ms, with the wall clock): on a loaded machine it is longer than the WAN
+    // proxy's delays, and so is the stretch in which a region cannot tell which window the
+    // root is in.
+    let samples = parking_lot::Mutex::new(Vec::new());
+    let sample = async {
+        loop {
+            for (r, region) in regions.iter().enumerate() {
+                for instance in &region._instances {
+                    let addr = instance.http.parse().unwrap();
+                    let Ok((_, page)) = crate::common::http_get(addr, "/metrics").await else {
+                        continue;
+                    };
+                    let took =
+                        crate::common::metric::<f64>(&page, "sluice_root_round_trip_seconds");
+                    samples.lock().push((r, wall_micros(), took.unwrap_or(0.0)));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let histories = tokio::select! {
+        histories = load(&regions, "edge", 100, Duration::from_secs(13), |_| {}) => histories,
+        () = sample => unreachable!(),
+    };
     for history in &histories {
         assert_eq!(errors(history), 0);
     }
     // Counted from the first window start a region lease period and a half after the run's
-    // first request (a new key is refused for its first asks' round trips, and a first window
-    // cut short ends before the short grant's quarter-period wait: its next window's start is
-    // the new key's too), with the refusals from a second before it. Window starts fall on
-    // 4 s boundaries of the wall clock.
+    // first request (a new key is refused for its first asks' round trips, and a first ask
+    // across a window start spills past it), with the refusals from a second before it.
+    // Window starts fall on 4 s boundaries of the wall clock.
     let walls = || histories.iter().flatten().map(|s| s.wall.0);
     let (first, last) = (walls().min().unwrap_or(0), walls().max().unwrap_or(0));
     let from = first + 2_500_000 - (first + 2_500_000) % 4_000_000 + 4_000_000;
@@ -452,16 +483,27 @@ async fn a_hot_key_across_window_starts_is_refused_only_while_the_edge_is_uncert
         })
         .collect();
     let starts = last.saturating_sub(from) / 4_000_000 + 1;
+    let mut longest = [0.0f64; 3];
+    for &(r, at, took) in samples.lock().iter() {
+        if at + 1_000_000 >= from {
+            longest[r] = longest[r].max(took);
+        }
+    }
     eprintln!(
-        "figures: 100 requests a second per region across {starts} window starts of 4 s (0, 80, 150 ms round trips): refused {refused:?}"
+        "figures: 100 requests a second per region across {starts} window starts of 4 s (0, 80, 150 ms round trips; longest measured {longest:.3?} s): refused {refused:?}"
     );
     assert!(last >= from);
-    // At each start, the demand of a round trip (100 a second: 0, 8 and 15) and of 100 ms
-    // more: the scheduling of a loaded two-core machine (without advance asks, the region
-    // farthest from the root was refused about 40 a start).
+    // At each start, the demand of the longest round trip measured from a second before the
+    // first start counted (at least the proxy's:
+    // 100 a second, 0, 8 and 15) and of 50 ms more (a take's way to its ask, the machine's
+    // scheduling). Without advance asks the region farthest from the root was refused about
+    // 40 a start.
     for (r, round_trip) in [(0, 0.0), (1, 0.08), (2, 0.15)] {
-        let bound = starts as f64 * 100.0 * (round_trip + 0.1);
-        assert!(refused[r] as f64 <= bound, "{refused:?} at {starts} starts");
+        let bound = starts as f64 * 100.0 * (longest[r].max(round_trip) + 0.05);
+        assert!(
+            refused[r] as f64 <= bound,
+            "{refused:?} at {starts} starts, round trips {longest:?}"
+        );
     }
 }
 
