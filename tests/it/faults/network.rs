@@ -305,7 +305,7 @@ async fn redis_restarted_with_an_append_only_file_keeps_every_count() {
 }
 
 /// The network to Redis flapping: black-holed for 200 ms, then open for 200 ms, for 2 s under
-/// load (the fleet and load of [`network_fault`], keys of 45 a day, each sent 75): never over
+/// load (the fleet and load of [`network_fault`], keys of 45 a day, each sent 90): never over
 /// the limit, no error, every
 /// answer within the deadline plus scheduling, and counting again after the last heal. The
 /// fault happened: some requests were answered by the failure mode.
@@ -317,9 +317,10 @@ async fn a_flapping_network_to_redis_never_over_admits() {
     let (_instances, clients) = fleet_behind(&proxy, "deny", "200ms", 45).await;
     let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
     let (from, to) = (Duration::from_millis(500), Duration::from_millis(2500));
-    // (5 s: after the last heal, 2.5 s of 15 requests a second a key. With 4 s, about 45 a
-    // key came in time, and on a slow machine no key reached its limit: the run showed nothing.)
-    let history = drive(&clients, "f", &keys, 300, Duration::from_secs(5), |now| {
+    // (6 s: after the last heal, 3.5 s of 15 requests a second a key, enough to reach the
+    // limit even when every request of the flapping is denied, as on a loaded machine whose
+    // connection did not recover within the 200 ms up.)
+    let history = drive(&clients, "f", &keys, 300, Duration::from_secs(6), |now| {
         let flapping = now >= from && now < to;
         let down = flapping && ((now - from).as_millis() / 200) % 2 == 0;
         proxy.set(if down { Fault::BlackHole } else { Fault::None });
@@ -352,10 +353,24 @@ async fn a_flapping_network_to_redis_never_over_admits() {
         "{:?}",
         verdict.slowest
     );
-    // The bound was put to the test: keys reached their limit after the flapping.
+    // The bound was put to the test: keys reached their limit after the flapping, as Redis
+    // counts it. (Admitted, a key may end below 45: hits Redis counted when the held bytes
+    // were delivered, after the failure mode had denied them; under load one to three a key,
+    // and in CI runs no key was admitted 45 times.) A second after the last heal the network
+    // is fine: a refusal then is the store's.
+    let settled = to + Duration::from_secs(1);
     assert!(
-        verdict.admitted.values().any(|&a| a == 45),
-        "{:?}",
+        recovery < settled - to,
+        "counting again only {recovery:?} after the heal"
+    );
+    let at_limit: std::collections::BTreeSet<&str> = history
+        .iter()
+        .filter(|s| s.at >= settled && s.answer == "OVER_LIMIT")
+        .map(|s| s.key.as_str())
+        .collect();
+    assert!(
+        !at_limit.is_empty(),
+        "no key refused by the store after the flapping: {:?}",
         verdict.admitted
     );
 }
