@@ -43,8 +43,6 @@ impl Core {
         let start = lease.start;
         let started = self.clock.now();
         let due = self.count_due(started).await;
-        // (A first ask waits for the first count of regions: not part of its round trip.)
-        let waited = self.clock.now().saturating_sub(started);
         let (_, mut grants) = futures_util::future::join(
             async {
                 if due {
@@ -73,8 +71,7 @@ impl Core {
         let retry = |after: Micros| answer.now + elapsed + after.min(self.period / 4);
         let install = match grants.map(|g| g.first().copied()) {
             Ok(Some(grant)) => {
-                self.round_trip
-                    .store(elapsed.saturating_sub(waited), Ordering::Relaxed);
+                self.round_trip.store(elapsed, Ordering::Relaxed);
                 self.totals
                     .granted
                     .fetch_add(grant.units, Ordering::Relaxed);

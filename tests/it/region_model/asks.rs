@@ -125,6 +125,6 @@ async fn a_new_key_across_a_window_start_is_refused_for_a_few_round_trips() {
         "a new key 100 ms before a window start: last refused, by region (0, 80, 150 ms round trips): {last:?} µs"
     );
     for (r, round_trip) in [(0, 0), (1, 80_000), (2, 150_000)] {
-        assert!(last[r] <= 4 * round_trip.max(20_000), "{last:?}");
+        assert!(last[r] <= 5 * round_trip.max(20_000), "{last:?}");
     }
 }
