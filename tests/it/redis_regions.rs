@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 use crate::common::faultproxy::{Fault, FaultProxy};
 use crate::common::redis::RedisServer;
 use crate::common::{SluiceProcess, config_dir};
-use crate::faults::{Sent, drive};
+use crate::faults::{Sent, drive, wall_micros};
 
 mod buckets;
 
@@ -131,14 +131,6 @@ async fn load(
         }
     });
     futures_util::future::join_all(drivers).await
-}
-
-/// The machine's wall clock, in microseconds since the Unix epoch (as [`Sent::wall`]).
-fn wall_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
 }
 
 fn admitted(history: &[Sent]) -> u64 {
