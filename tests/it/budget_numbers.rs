@@ -4,6 +4,7 @@
 //! Envoy's 32-bit fields can carry.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::common::counters;
 use crate::common::redis::RedisServer;
@@ -19,6 +20,15 @@ const TWO_TO_53: u64 = 1 << 53;
 
 fn budget(algorithm: Algorithm) -> Limit {
     Limit::new(100, 60 * SECOND, algorithm).with_overdraft(true)
+}
+
+/// A store on `redis` with a call deadline long enough for a loaded machine: these tests
+/// check arithmetic, and one of them sends 2,100 script calls in one batch (50 ms here when
+/// quiet; under a full CI run the default one-second deadline failed it once).
+fn redis_store(redis: &RedisServer, clock: Arc<ManualClock>) -> RedisStore {
+    let mut options = RedisOptions::new(redis.url(), RedisKind::Single);
+    options.call_timeout = Duration::from_secs(30);
+    RedisStore::new(&options).unwrap().with_clock(clock)
 }
 
 fn charge(namespace: &str, limit: Limit, hits: i64) -> CounterOp {
@@ -37,9 +47,7 @@ async fn sums_past_two_to_the_53_stay_exact_on_both_stores() {
     let day = 86_400 * SECOND;
     let clock = Arc::new(ManualClock::new((SystemClock.now() / day + 1) * day));
     let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
-    let on_redis = RedisStore::new(&RedisOptions::new(redis.url(), RedisKind::Single))
-        .unwrap()
-        .with_clock(clock.clone());
+    let on_redis = redis_store(&redis, clock.clone());
     let ns = format!("numbers-{}", std::process::id());
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let limit = budget(algorithm);
@@ -84,9 +92,7 @@ async fn a_count_saturates_at_two_to_the_64_and_stays_spent() {
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
     let memory = MemoryStore::new(MemoryOptions::default(), clock.clone());
-    let on_redis = RedisStore::new(&RedisOptions::new(redis.url(), RedisKind::Single))
-        .unwrap()
-        .with_clock(clock.clone());
+    let on_redis = redis_store(&redis, clock.clone());
     let ns = format!("saturate-{}", std::process::id());
     let limit = budget(Algorithm::FixedWindow);
     // 2^53 - 1 hits, 2,100 times: past 2^64 (a Redis script clamps one charge to 2^53).
