@@ -84,6 +84,15 @@ pub mod tools;
 mod tests {
     use std::path::{Path, PathBuf};
 
+    /// The checkout under test, read when the test runs (cargo sets `CARGO_MANIFEST_DIR`
+    /// for it), not baked in when it was built: cargo reuses a test binary built in another
+    /// checkout of the same commit that shares the target directory, and it must still read
+    /// this checkout's files.
+    pub(crate) fn manifest_dir() -> PathBuf {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+    }
+
     /// Every `.rs` file under `dir`, as a path relative to `src/` with `/` separators.
     fn sources(dir: &Path, src: &Path, out: &mut Vec<(String, PathBuf)>) {
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -102,9 +111,9 @@ mod tests {
     /// nothing but `main` names `crate::app`.
     #[test]
     fn settings_and_app_are_named_only_from_above() {
-        let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+        let src = manifest_dir().join("src");
         let mut files = Vec::new();
-        sources(src, src, &mut files);
+        sources(&src, &src, &mut files);
         assert!(files.len() > 50, "src/ not found: {files:?}");
         // lib.rs declares them (and holds this test).
         let above_settings = ["settings/", "app/", "cli.rs", "main.rs", "tools/", "lib.rs"];
@@ -137,7 +146,7 @@ mod tests {
             .filter_map(|l| l.split('`').next())
             .collect();
         assert_eq!(listed, declared);
-        let mut files: Vec<String> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))
+        let mut files: Vec<String> = std::fs::read_dir(manifest_dir().join("src"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .map(|f| f.strip_suffix(".rs").map_or(f.clone(), str::to_owned))

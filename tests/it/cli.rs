@@ -365,8 +365,8 @@ fn envoy_gateways_tls_variables_require_client_certificates() {
 fn the_shipped_configs_validate() {
     // config/ is what the README's first command serves; deploy/ ships two more sets.
     for dir in ["config", "deploy/envoy/sluice-config"] {
-        let path = format!("{}/{dir}", env!("CARGO_MANIFEST_DIR"));
-        succeeded(&sluice(&["validate", &path]), dir);
+        let path = crate::common::repo_path(dir);
+        succeeded(&sluice(&["validate", path.to_str().unwrap()]), dir);
     }
 }
 

@@ -13,7 +13,7 @@ use sluice::config::{self, ConfigError, LoadOptions};
 use sluice::policy::{RuleLimit, Unit};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/config")
+    crate::common::repo_path("tests/fixtures/config")
 }
 
 fn invalid(name: &str) -> PathBuf {

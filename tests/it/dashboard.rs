@@ -24,7 +24,7 @@ descriptors:
 "#;
 
 fn repo(path: &str) -> String {
-    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+    std::fs::read_to_string(crate::common::repo_path(path)).unwrap()
 }
 
 /// Every panel target's expression, with the dashboard's variables as Grafana would fill
@@ -113,8 +113,7 @@ async fn every_panel_and_alert_evaluates_against_a_real_prometheus_scraping_a_fl
         .map(|_| SluiceProcess::on_redis(&dir, &redis, &["--redis-deadline", "2s"]))
         .collect();
     let targets: Vec<&str> = instances.iter().map(|i| i.http.as_str()).collect();
-    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("deploy/prometheus/sluice-alerts.yaml");
+    let rules = crate::common::repo_path("deploy/prometheus/sluice-alerts.yaml");
     let prometheus = PrometheusServer::scraping_with_rules(&targets, Some(&rules)).await;
 
     // One window: six keys refused by each rule (3 hits on a limit of 2), spread over the

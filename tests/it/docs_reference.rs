@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 use clap::CommandFactory;
 use sluice::cli::Cli;
@@ -218,7 +217,7 @@ fn cli_page() -> String {
 }
 
 pub(crate) fn check(relative: &str, rendered: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative);
+    let path = crate::common::repo_path(relative);
     if std::env::var_os("UPDATE_DOCS").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, rendered).unwrap();

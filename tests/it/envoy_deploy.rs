@@ -17,7 +17,7 @@ use sluice::settings::Settings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn deploy_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy")
+    crate::common::repo_path("deploy/envoy")
 }
 
 /// An upstream that answers `ok` after the `x-delay-ms` the request asks for.

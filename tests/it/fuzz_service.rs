@@ -325,7 +325,7 @@ fn seed_configs() -> Vec<String> {
         "deploy/envoy/sluice-config",
         "tests/fixtures/config/valid",
     ] {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        let dir = crate::common::repo_path(dir);
         for entry in std::fs::read_dir(dir).unwrap().flatten() {
             if entry
                 .path()

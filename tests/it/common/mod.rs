@@ -46,6 +46,16 @@ pub async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
     ALONE.lock().await
 }
 
+/// `relative` in the checkout under test. Read when the test runs (cargo sets
+/// `CARGO_MANIFEST_DIR` for it), not baked in when it was built: a test binary that cargo
+/// reuses from a build in another checkout of the same commit (one target directory, as
+/// CI shares) must still read this checkout's files.
+pub fn repo_path(relative: &str) -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join(relative)
+}
+
 /// A fresh, empty directory under the system temp dir.
 pub fn temp_dir(name: &str) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
