@@ -151,6 +151,11 @@ pub struct Install {
     /// Region time before which the units may not be taken (a grant for the next window,
     /// from the latest the root's window can start in region time); 0: at once.
     pub from: Micros,
+    /// A fixed window's grant: the root start of the window before its own (0: none). A
+    /// grant for the next window also tells the pool of that window when its window ends
+    /// at the earliest by this grant's clock reading, which may be closer than the pool's
+    /// own grants' (a slow call overestimates the offset for the rest of the window).
+    pub prev_guard: Micros,
 }
 
 /// The pool's answer to one operation.
@@ -489,6 +494,20 @@ impl Pool {
     /// A grant for the next window (ahead of it): the next pool, added to it if it is the
     /// same window and epoch, else in its place.
     fn install_next(&mut self, install: &Install, ends: Micros) -> PoolAnswer {
+        // The pool of the window before, from the same root epoch, may last until this
+        // grant's reading of that window's end: the earliest the next window can start in
+        // region time, and no later than a region lease period from this ask. (Its offset
+        // stays the larger: lowered too, the region model refused about a round trip more
+        // at each window start.)
+        if self.generation != 0
+            && self.interval == 0
+            && install.prev_guard != 0
+            && self.guard == install.prev_guard
+            && self.epoch == install.epoch
+        {
+            let end = install.guard.saturating_add_signed(-install.offset);
+            self.until = self.until.max(end.min(ends));
+        }
         let next = &mut self.next;
         if next.granted > 0 && next.guard == install.guard && next.epoch == install.epoch {
             next.granted += install.units;

@@ -63,6 +63,7 @@ fn kind() -> impl Strategy<Value = PoolKind> {
                 reported: 0,
                 retry_at: 0,
                 failed,
+                prev_guard: 0,
             })),
         1 => (0u64..SECOND).prop_map(|idle| PoolKind::Withdraw { idle }),
     ]
@@ -105,6 +106,8 @@ fn place(kind: PoolKind, last: &sluice::store::PoolAnswer, now: Micros) -> PoolK
                 guard: root_now - root_now % WINDOW + WINDOW,
                 asked_at: now.saturating_sub(install.left / 3),
                 from: now + install.from,
+                // (The pool's window when it is the one before.)
+                prev_guard: root_now - root_now % WINDOW,
                 reported: last.free / 2,
                 retry_at: now + SECOND / 4,
                 ..install

@@ -481,8 +481,31 @@ async fn a_hot_key_across_window_starts_is_refused_only_while_the_edge_is_uncert
             longest[r] = longest[r].max(took);
         }
     }
+    // Where the refusals fell: runs of them (at most 100 ms apart) in ms from the window start
+    // nearest each, per region.
+    let runs: Vec<Vec<String>> = histories
+        .iter()
+        .map(|h| {
+            let mut runs: Vec<(u64, u64, usize)> = Vec::new();
+            for at in h.iter().filter(|s| s.answer != "OK").map(|s| s.wall.0) {
+                match runs.last_mut() {
+                    Some(run) if at <= run.1 + 100_000 => {
+                        (run.1, run.2) = (at.max(run.1), run.2 + 1)
+                    }
+                    _ => runs.push((at, at, 1)),
+                }
+            }
+            runs.iter()
+                .map(|&(a, b, n)| {
+                    let start = (a + 2_000_000) / 4_000_000 * 4_000_000;
+                    let ms = |t: u64| (t as i64 - start as i64) / 1_000;
+                    format!("{}..{} ms: {n}", ms(a), ms(b))
+                })
+                .collect()
+        })
+        .collect();
     eprintln!(
-        "figures: 100 requests a second per region across {starts} window starts of 4 s (0, 80, 150 ms round trips; longest measured {longest:.3?} s): refused {refused:?}"
+        "figures: 100 requests a second per region across {starts} window starts of 4 s (0, 80, 150 ms round trips; longest measured {longest:.3?} s): refused {refused:?}; all refusals from the nearest start, per region: {runs:?}"
     );
     assert!(last >= from);
     // At each start, the demand of the longest round trip measured from a second before the

@@ -154,3 +154,70 @@ fn a_failed_ask_says_so_and_a_refusal_waits_before_asking_again() {
     assert!(take(&mut pool, 5, 1, 61_100_000).ask.is_none());
     assert!(take(&mut pool, 5, 1, 61_500_000).ask.is_some());
 }
+
+/// A pool whose grants came over a slow call ends early by that call's time (its offset
+/// overestimates the root's lead); the grant for the next window, over a quick one, tells it
+/// when its window really ends at the earliest: it lasts until then, and no longer. A grant
+/// of another root epoch, or for a window that does not follow the pool's, changes nothing.
+#[test]
+fn a_next_windows_grant_over_a_quicker_call_lets_the_pool_last_to_its_windows_end() {
+    let next = |epoch: Micros, prev_guard: Micros| {
+        PoolKind::Install(Install {
+            units: 50,
+            guard: 120_000_000,
+            epoch,
+            asked_at: 118_900_000,
+            // Root clock 10 ms ahead at most (the call took 10 ms).
+            offset: 10_000,
+            left: 2_000_000,
+            from: 120_000_000,
+            prev_guard,
+            ..Install::default()
+        })
+    };
+    let slow = |pool: &mut Pool| {
+        take(pool, 5, 1, 118_000_000);
+        // Granted at root time 118.5 s for an ask made at 118 s: it ends 1.5 s after the
+        // ask, half a second before the root's window does if the clocks agree.
+        let grant = PoolKind::Install(Install {
+            offset: 500_000,
+            left: 1_500_000,
+            ..match grant(100, 118_000_000) {
+                PoolKind::Install(i) => i,
+                _ => unreachable!(),
+            }
+        });
+        pool.apply(&grant, 118_500_000);
+    };
+    let mut pool = Pool::default();
+    slow(&mut pool);
+    assert_eq!(
+        take(&mut pool, 1, 1, 119_600_000).units,
+        0,
+        "ended at 119.5 s"
+    );
+
+    let mut pool = Pool::default();
+    slow(&mut pool);
+    pool.apply(&next(7, 60_000_000), 118_950_000);
+    assert_eq!(take(&mut pool, 1, 1, 119_600_000).units, 1);
+    assert_eq!(take(&mut pool, 1, 1, 119_989_999).units, 1);
+    assert_eq!(
+        take(&mut pool, 1, 1, 119_990_000).units,
+        0,
+        "the window may be over"
+    );
+    // The next pool, from its start.
+    assert_eq!(take(&mut pool, 1, 1, 120_000_000).units, 1);
+
+    for (epoch, prev_guard) in [(8, 60_000_000), (7, 0), (7, 30_000_000)] {
+        let mut pool = Pool::default();
+        slow(&mut pool);
+        pool.apply(&next(epoch, prev_guard), 118_950_000);
+        assert_eq!(
+            take(&mut pool, 1, 1, 119_600_000).units,
+            0,
+            "{epoch} {prev_guard}"
+        );
+    }
+}

@@ -19,8 +19,8 @@ static POOLS: LazyLock<Script> = LazyLock::new(|| Script::new(POOL_SCRIPT));
 
 /// The script's layout, defined once; `lua/pool.lua` reads it under the same names.
 mod args {
-    /// Values per operation: its kind, then eleven.
-    pub const PER_OP: usize = 12;
+    /// Values per operation: its kind, then twelve.
+    pub const PER_OP: usize = 13;
     pub const TAKE: i64 = 1;
     pub const RETURN: i64 = 2;
     pub const INSTALL: i64 = 3;
@@ -100,6 +100,7 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
                 c(timing.floor),
                 i64::from(timing.advance),
                 0,
+                0,
             ]);
         }
         PoolKind::Return {
@@ -121,6 +122,7 @@ fn encode(kind: &PoolKind) -> [i64; args::PER_OP] {
                 i64::from(i.failed),
                 c(i.interval.min(crate::store::pool::MAX_INTERVAL)),
                 c(i.from),
+                c(i.prev_guard),
             ];
         }
         PoolKind::Withdraw { idle } => values[..2].copy_from_slice(&[args::WITHDRAW, c(idle)]),

@@ -338,6 +338,11 @@ fn installed(
         } else {
             0
         },
+        prev_guard: if start != 0 {
+            start.saturating_sub(window)
+        } else {
+            0
+        },
         reported: ask.used,
         retry_at: if grant.units == 0
             && answer.generation == 0

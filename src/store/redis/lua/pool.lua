@@ -5,12 +5,12 @@
 --
 -- KEYS     one pool per operation (a key may repeat: each operation sees the ones before it)
 -- ARGV[1]  the time in microseconds, or 0 for Redis's TIME (tests pin the clock)
--- ARGV[..] twelve values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
+-- ARGV[..] thirteen values per operation: its kind (1 take, 2 return, 3 install, 4 withdraw),
 --          then take: want, need, instances, demand, lead, period, ask_ttl, window, floor,
 --          advance (1: a fixed window's, asking for the next window ahead);
 --          return: units, generation, guard;
 --          install: units, guard, epoch, asked_at, offset, left, reported, retry_at, failed,
---          interval (ns), from;
+--          interval (ns), from, prev_guard;
 --          withdraw: idle (times in µs)
 -- Returns  {now, then per operation: units, free, root_now, until, guard, epoch, generation,
 --          flags (1 root failed, 2 asking, 4 an ask follows, 8 for the next window), ask units, ask epoch, ask
@@ -19,7 +19,7 @@
 -- The layout, defined once in Rust (`mod args` in src/store/redis/pool.rs).
 local tonumber, format, gmatch, pairs = tonumber, string.format, string.gmatch, pairs
 local ceil, floor, max, min = math.ceil, math.floor, math.max, math.min
-local PER_OP, PER_ANSWER = 12, 15
+local PER_OP, PER_ANSWER = 13, 15
 -- How long a pool's state outlives the pool (`KEEP` in src/store/pool.rs).
 local KEEP = 60000000
 -- The longest time ahead a token bucket's pool counts its tokens over (`MAX_SPAN`).
@@ -144,7 +144,11 @@ local function add_tokens(p, units, guard, offset)
   evaporate(p)
 end
 
-local function install_next(p, units, guard, epoch, offset, from, ends, answer)
+local function install_next(p, units, guard, epoch, offset, from, ends, prev_guard, answer)
+  if p.generation ~= 0 and p.interval == 0 and prev_guard ~= 0 and p.guard == prev_guard
+    and p.epoch == epoch then
+    p.ends = max(p.ends, min(max(guard - offset, 0), ends))
+  end
   if p.n_granted > 0 and p.n_guard == guard and p.n_epoch == epoch then
     p.n_granted = p.n_granted + units
     p.n_from, p.n_until = max(p.n_from, from), max(p.n_until, ends)
@@ -166,13 +170,13 @@ local function promote(p)
 end
 
 local function install(p, units, guard, epoch, asked_at, offset, left, reported, retry_at, failed,
-                       interval, from, answer)
+                       interval, from, prev_guard, answer)
   p.asking_until = retry_at
   p.failed = failed
   if failed == 1 then return end
   local ends = asked_at + left
   if units > 0 and from > now and interval == 0 and ends > from then
-    install_next(p, units, guard, epoch, offset, from, ends, answer)
+    install_next(p, units, guard, epoch, offset, from, ends, prev_guard, answer)
     return
   end
   local same = p.generation ~= 0 and p.epoch == epoch and p.interval == interval
@@ -238,7 +242,7 @@ for k = 1, #KEYS do
     end
   elseif kind == INSTALL then
     install(p, arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8), arg(9), arg(10), arg(11),
-      arg(12), answer)
+      arg(12), arg(13), answer)
   elseif kind == WITHDRAW then
     withdraw(p, arg(2), answer)
   end
