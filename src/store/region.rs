@@ -320,7 +320,7 @@ impl Regions {
             let grant = Grant {
                 units: answer.units,
                 decision,
-                now: answer.root_now,
+                now: block_now(answer, &asks[i].limit),
                 epoch: answer.generation,
             };
             (i, grant)
@@ -574,4 +574,29 @@ impl Core {
             .lost_put_back
             .fetch_add(offered.saturating_sub(back), Ordering::Relaxed);
     }
+}
+
+/// The root's time a block taken from `answer`'s pool is told: its window ends as the block
+/// reads it. A window's block must end by the pool's root window's end (region time), which
+/// the pool bounds twice: by its guard and its largest offset, and by its end (each grant's
+/// end is no later than the window's by that grant's own offset); the later of the two
+/// holds. `root_now` alone would not do: it overestimates the root's time by the largest
+/// offset, which can pass the window's end while the pool, ended by its best-timed grant,
+/// still lasts; the block would then read the next window and admit the old window's units
+/// a lease period into it, beside that window's limit.
+fn block_now(answer: &PoolAnswer, limit: &Limit) -> Micros {
+    let window = limit.window.max(1);
+    if !limit.algorithm.windowed() || answer.generation == 0 {
+        return answer.root_now;
+    }
+    let end = answer.guard.saturating_add(window);
+    let left = end
+        .saturating_sub(answer.root_now)
+        .max(answer.until.saturating_sub(answer.now))
+        .min(window);
+    if left == 0 {
+        // (The pool has ended: nothing was taken.)
+        return answer.root_now;
+    }
+    end - left
 }

@@ -500,6 +500,7 @@ async fn a_hot_key_across_window_starts_is_refused_only_while_the_edge_is_uncert
                     let start = (a + 2_000_000) / 4_000_000 * 4_000_000;
                     let ms = |t: u64| (t as i64 - start as i64) / 1_000;
                     format!("{}..{} ms: {n}", ms(a), ms(b))
+                        + &format!(" (w{})", start / 4_000_000 % 100)
                 })
                 .collect()
         })
