@@ -181,8 +181,23 @@ async fn three_regions_admit_the_limit_and_no_more_with_no_request_waiting_on_th
     }
     assert!(total <= LIMIT, "{total} admitted of {LIMIT}");
     // Demand stayed above the limit in every region to the end: what is not admitted is
-    // what the regions still hold (their pools and blocks), a few percent.
-    assert!(total >= LIMIT - LIMIT / 20, "{total} admitted of {LIMIT}");
+    // what the regions still hold at that moment (their pools and blocks, and grants on the
+    // way): 0-2 % alone, up to 6.5 % in CI runs beside other tests, 10-22 % with the two
+    // cores also spinning three busy loops (answers and grants arrive late).
+    assert!(total >= LIMIT - LIMIT / 5, "{total} admitted of {LIMIT}");
+    // Nothing is lost: what they hold is admitted later (their blocks end and go back to
+    // the pools, idle pools hand back to the root, and whoever asks next gets it): bursts
+    // of a second until the whole limit is admitted, never more.
+    let mut after = 0;
+    for _ in 0..20 {
+        if total + after >= LIMIT {
+            break;
+        }
+        let rest = load(&regions, "acme", 50, Duration::from_secs(1), |_| {}).await;
+        after += rest.iter().map(|h| admitted(h)).sum::<u64>();
+    }
+    eprintln!("figures: then {after} more admitted in bursts of a second");
+    assert_eq!(total + after, LIMIT, "{total} then {after} admitted of {LIMIT}");
     // Each instance shows the root and what moved through it.
     let far = regions[2]._instances[0].http.parse().unwrap();
     let (_, rlconfig) = crate::common::http_get(far, "/rlconfig").await.unwrap();
