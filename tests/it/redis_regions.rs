@@ -197,7 +197,11 @@ async fn three_regions_admit_the_limit_and_no_more_with_no_request_waiting_on_th
         after += rest.iter().map(|h| admitted(h)).sum::<u64>();
     }
     eprintln!("figures: then {after} more admitted in bursts of a second");
-    assert_eq!(total + after, LIMIT, "{total} then {after} admitted of {LIMIT}");
+    assert_eq!(
+        total + after,
+        LIMIT,
+        "{total} then {after} admitted of {LIMIT}"
+    );
     // Each instance shows the root and what moved through it.
     let far = regions[2]._instances[0].http.parse().unwrap();
     let (_, rlconfig) = crate::common::http_get(far, "/rlconfig").await.unwrap();
