@@ -409,21 +409,23 @@ proptest! {
         sliding in any::<bool>(),
         sizes in proptest::collection::vec(1usize..4, 1..4),
         waves in waves(),
+        // (Short windows too: many window starts, each with blocks and pools ending.)
+        window in prop_oneof![Just(WINDOW), Just(4 * SECOND)],
     ) {
         let algorithm = if sliding { Algorithm::SlidingWindow } else { Algorithm::FixedWindow };
-        let limit = limit(requests, WINDOW, algorithm, requests);
+        let limit = limit(requests, window, algorithm, requests);
         let Run { admitted, wipes, cut_off, erased: charged } = run(limit, &sizes, &waves);
         prop_assert_eq!(admitted_past_holdings(&cut_off), None);
         let mut per_window = std::collections::BTreeMap::new();
         for &(t, hits) in &admitted {
-            *per_window.entry(t / WINDOW).or_insert(0u64) += hits;
+            *per_window.entry(t / window).or_insert(0u64) += hits;
         }
         for (window, hits) in per_window {
-            let last_wipe = wipes.iter().filter(|w| **w / WINDOW == window).max();
+            let last_wipe = wipes.iter().filter(|w| **w / limit.window == window).max();
             let admitted_before: u64 = last_wipe.map_or(0, |wipe| {
                 admitted
                     .iter()
-                    .filter(|(t, _)| t / WINDOW == window && t < wipe)
+                    .filter(|(t, _)| t / limit.window == window && t < wipe)
                     .map(|(_, h)| h)
                     .sum()
             });
