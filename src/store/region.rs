@@ -27,6 +27,7 @@ mod known;
 mod options;
 mod root;
 mod stack;
+mod timing;
 
 pub use options::{PoolView, RegionOptions, RegionStatus, held_at_own_rate};
 
@@ -37,7 +38,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::pool::{PoolAnswer, PoolKind, PoolOp, Timing};
+use super::pool::{PoolAnswer, PoolKind, PoolOp};
 use super::{
     Admission, Applied, Batch, CounterOp, FailureMode, Grant, LeaseAsk, Role, Shared, StoreError,
     Take, admitted,
@@ -320,7 +321,7 @@ impl Regions {
             let grant = Grant {
                 units: answer.units,
                 decision,
-                now: block_now(answer, &asks[i].limit),
+                now: timing::block_now(answer, &asks[i].limit),
                 epoch: answer.generation,
             };
             (i, grant)
@@ -409,23 +410,6 @@ impl Core {
         Ok(out)
     }
 
-    fn timing(&self, limit: &Limit) -> Timing {
-        let window = limit.window.max(1);
-        let floor = (limit.requests as u128 * self.period as u128).div_ceil(window as u128);
-        Timing {
-            // An active region takes from its pool at least once a lease period (its
-            // instances' blocks end): asking this far ahead keeps a busy pool from ending.
-            lead: self.round_trip.load(Ordering::Relaxed)
-                + micros(self.options.lease_period)
-                + self.period / 4,
-            period: self.period,
-            ask_ttl: 2 * micros(self.options.root_deadline),
-            window,
-            floor: floor.min(limit.requests as u128) as u64,
-            advance: limit.algorithm == crate::algorithm::Algorithm::FixedWindow,
-        }
-    }
-
     /// The pool operation of a block's lease or hand-back.
     fn pool_op(&self, ask: &LeaseAsk) -> PoolOp {
         match ask.take {
@@ -464,31 +448,6 @@ impl Core {
                 timing: self.timing(limit),
             },
         }
-    }
-
-    /// When a refused take is worth trying again: once the ask in flight has landed (a
-    /// root round trip), else a quarter region lease period.
-    fn retry(&self, answer: &PoolAnswer) -> Micros {
-        if answer.asking || answer.ask.is_some() {
-            self.round_trip
-                .load(Ordering::Relaxed)
-                .clamp(1_000, self.period / 4)
-        } else {
-            self.period / 4
-        }
-    }
-
-    /// The demand a refused block lease stands for: its instance asks again only after its
-    /// block's refusal ends (the retry, at most a quarter lease period), and wants `want`
-    /// per lease period: what it would have used meanwhile.
-    fn refused_demand(&self, want: u64) -> u64 {
-        let lease_period = micros(self.options.lease_period).max(1);
-        let retry = self
-            .round_trip
-            .load(Ordering::Relaxed)
-            .clamp(1_000, self.period / 4)
-            .min(lease_period / 4);
-        (want as u128 * retry as u128 / lease_period as u128) as u64
     }
 
     /// Whether the pool answers no more and the root does not either: the failure mode's.
@@ -574,29 +533,4 @@ impl Core {
             .lost_put_back
             .fetch_add(offered.saturating_sub(back), Ordering::Relaxed);
     }
-}
-
-/// The root's time a block taken from `answer`'s pool is told: its window ends as the block
-/// reads it. A window's block must end by the pool's root window's end (region time), which
-/// the pool bounds twice: by its guard and its largest offset, and by its end (each grant's
-/// end is no later than the window's by that grant's own offset); the later of the two
-/// holds. `root_now` alone would not do: it overestimates the root's time by the largest
-/// offset, which can pass the window's end while the pool, ended by its best-timed grant,
-/// still lasts; the block would then read the next window and admit the old window's units
-/// a lease period into it, beside that window's limit.
-fn block_now(answer: &PoolAnswer, limit: &Limit) -> Micros {
-    let window = limit.window.max(1);
-    if !limit.algorithm.windowed() || answer.generation == 0 {
-        return answer.root_now;
-    }
-    let end = answer.guard.saturating_add(window);
-    let left = end
-        .saturating_sub(answer.root_now)
-        .max(answer.until.saturating_sub(answer.now))
-        .min(window);
-    if left == 0 {
-        // (The pool has ended: nothing was taken.)
-        return answer.root_now;
-    }
-    end - left
 }
